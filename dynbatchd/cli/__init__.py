@@ -1,0 +1,1 @@
+"""Command-line interfaces: `dynbatchd` (the daemon) and `dynbatchctl` (its control tool)."""

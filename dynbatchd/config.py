@@ -1,0 +1,199 @@
+"""TOML configuration: parsed into frozen, typed settings.
+
+Every error names the file, the key and the rule broken, e.g.
+``etc/dynbatchd.toml: channels.realtime.max_batch: expected `int` >= 1, got `0```.
+Unknown keys are errors, not silently ignored.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import Meta
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+DEFAULT_CONFIG_PATHS = ("/etc/dynbatchd/dynbatchd.toml",)
+
+Positive = Annotated[int, Meta(ge=1)]
+NonNegative = Annotated[int, Meta(ge=0)]
+Millis = Annotated[float, Meta(ge=0)]
+
+
+class ConfigError(Exception):
+    """A configuration that cannot be used; `str()` names file, key and rule."""
+
+    def __init__(self, file: str, key: str, rule: str):
+        self.file, self.key, self.rule = file, key, rule
+        super().__init__(f"{file}: {key}: {rule}" if key else f"{file}: {rule}")
+
+
+class Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    pass
+
+
+class DaemonSettings(Frozen, kw_only=True):
+    listen: str = "tcp://127.0.0.1:5555"
+    control: str = "tcp://127.0.0.1:5556"
+    metrics_listen: str = ""
+    max_request_bytes: Positive = 1 << 20
+    drain_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+class DeviceSettings(Frozen, kw_only=True):
+    use: str | list[str] = "auto"
+    inflight: Annotated[int, Meta(ge=1, le=8)] = 2
+    cpu_threads: NonNegative = 0
+    memory_gb: Annotated[float, Meta(ge=0)] = 0.0
+    restart_limit: NonNegative = 5
+
+
+class ModelSettings(Frozen, kw_only=True):
+    runner: str
+    options: dict[str, Any] = {}
+
+
+class WindowSettings(Frozen, kw_only=True):
+    policy: str = "fixed"
+    options: dict[str, Any] = {}
+
+
+class ChannelSettings(Frozen, kw_only=True):
+    max_batch: Positive
+    window_ms: Millis
+    deadline_ms: Annotated[float, Meta(gt=0)] = 1000.0
+    queue_limit: Positive = 1024
+    priority: int = 0
+    isolated: bool = False
+    run_late: bool = False
+    max_tokens: NonNegative = 0
+    min_share: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    carries: list[str] = []
+    window: WindowSettings | None = None
+    batch_size: WindowSettings | None = None
+
+
+class RoutingRule(Frozen, kw_only=True):
+    channel: str
+    tag: str | None = None
+    tokens_above: NonNegative | None = None
+    request_type: str | None = None
+    user_frequency: str | None = None
+    priority_at_least: int | None = None
+    model: str | None = None
+
+
+class RoutingSettings(Frozen, kw_only=True):
+    default: str = "standard"
+    rules: list[RoutingRule] = []
+
+
+class ComplianceSettings(Frozen, kw_only=True):
+    regulated_tags: list[str] = msgspec.field(default_factory=lambda: ["banking", "medical", "financial"])
+    banking_max_window_ms: Millis = 150.0
+
+
+class Config(Frozen, kw_only=True):
+    daemon: DaemonSettings = DaemonSettings()
+    devices: DeviceSettings = DeviceSettings()
+    models: dict[str, ModelSettings]
+    channels: dict[str, ChannelSettings]
+    routing: RoutingSettings = RoutingSettings()
+    compliance: ComplianceSettings = ComplianceSettings()
+    plugins: dict[str, dict[str, Any]] = {}
+    source: str = "<memory>"
+
+    def window_of(self, channel: str) -> WindowSettings:
+        return self.channels[channel].window or WindowSettings()
+
+    def channels_carrying(self, tag: str) -> set[str]:
+        """Channels that declare `tag` traffic or that a routing rule sends it to."""
+        named = {n for n, c in self.channels.items() if tag in c.carries}
+        return named | {r.channel for r in self.routing.rules if r.tag == tag}
+
+
+_PATH_RE = re.compile(r"\s*-\s*at\s*`\$(?P<path>[^`]*)`\s*$")
+
+
+def _key_from_path(path: str) -> str:
+    """msgspec's `$.channels.rt.max_batch` / `$.routing.rules[0]` -> `channels.rt.max_batch`."""
+    return path.lstrip(".")
+
+
+def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
+    """Validate a TOML-shaped mapping; structural errors only (see `validate`)."""
+    try:
+        cfg = msgspec.convert({**data, "source": source}, Config)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        match = _PATH_RE.search(text)
+        key = _key_from_path(match["path"]) if match else ""
+        rule = _PATH_RE.sub("", text)
+        rule = rule[0].lower() + rule[1:] if rule else rule
+        raise ConfigError(source, key, rule) from None
+    _check_references(cfg)
+    return cfg
+
+
+def _check_references(cfg: Config) -> None:
+    src = cfg.source
+    if not cfg.channels:
+        raise ConfigError(src, "channels", "at least one channel is required")
+    if not cfg.models:
+        raise ConfigError(src, "models", "at least one model is required")
+    if cfg.routing.default not in cfg.channels:
+        raise ConfigError(src, "routing.default", f"names unknown channel {cfg.routing.default!r}")
+    for i, rule in enumerate(cfg.routing.rules):
+        if rule.channel not in cfg.channels:
+            raise ConfigError(src, f"routing.rules[{i}].channel", f"names unknown channel {rule.channel!r}")
+        if rule.model is not None and rule.model not in cfg.models:
+            raise ConfigError(src, f"routing.rules[{i}].model", f"names unknown model {rule.model!r}")
+    for name, ch in cfg.channels.items():
+        if ch.window_ms > ch.deadline_ms:
+            raise ConfigError(src, f"channels.{name}.window_ms",
+                              f"window {ch.window_ms:g} ms exceeds the channel deadline {ch.deadline_ms:g} ms")
+    for ep_key in ("listen", "control"):
+        ep = getattr(cfg.daemon, ep_key)
+        if not re.match(r"^(tcp|ipc|inproc)://.+", ep):
+            raise ConfigError(src, f"daemon.{ep_key}", f"{ep!r} is not a ZeroMQ endpoint (tcp://, ipc://)")
+    if isinstance(cfg.devices.use, str) and cfg.devices.use != "auto":
+        raise ConfigError(src, "devices.use", 'must be "auto" or a list such as ["cuda:0", "cpu"]')
+    if isinstance(cfg.devices.use, list):
+        for i, dev in enumerate(cfg.devices.use):
+            if not re.match(r"^(cpu|cuda:\d+)$", dev):
+                raise ConfigError(src, f"devices.use[{i}]", f"{dev!r} is not a device (cpu, cuda:N)")
+
+
+def load(path: str | Path) -> Config:
+    """Read and structurally validate a TOML file."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), "", f"not valid TOML: {exc}") from None
+    return parse(data, str(path))
+
+
+def with_channel(cfg: Config, name: str, **changes: Any) -> Config:
+    """A copy of `cfg` with one channel's settings changed (used by `tune`)."""
+    channels = dict(cfg.channels)
+    channels[name] = msgspec.structs.replace(cfg.channels[name], **changes)
+    new = msgspec.structs.replace(cfg, channels=channels)
+    # Re-run the structural rules so a tuned value obeys the same checks as a loaded one.
+    return parse(msgspec.to_builtins(new), cfg.source)
+
+
+def to_dict(cfg: Config) -> dict[str, Any]:
+    return msgspec.to_builtins(cfg)

@@ -1,0 +1,1 @@
+"""The control socket: a small request/reply protocol for `dynbatchctl`."""

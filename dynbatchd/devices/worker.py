@@ -1,0 +1,210 @@
+"""The worker process: one per device, started and supervised by the daemon.
+
+It connects a DEALER socket to the daemon's ipc:// endpoint, says hello,
+receives its setup (device and models), loads and warms every model, says
+ready, then runs batches one at a time. Arrays travel as raw frames; a batch
+that fails is split in halves until the failing inputs are found, so one bad
+input (or one out-of-memory) never costs the others their answers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from dynbatchd import protocol as P
+from dynbatchd.devices.runners import OutOfMemory, Runner
+
+log = logging.getLogger("dynbatchd.worker")
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM this process when the daemon goes away."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+class Execution:
+    """The outcome of one batch: per-item outputs or errors, and whether memory ran out."""
+
+    def __init__(self, n: int):
+        self.outputs: list[Any] = [None] * n
+        self.errors: dict[int, str] = {}
+        self.oom = False
+        self.batch: np.ndarray | list[Any] | None = None  # the whole batch's outputs, when it ran in one go
+
+
+def execute(runner: Runner, inputs: list[Any], tokens: list[int], model: str) -> Execution:
+    result = Execution(len(inputs))
+    for i, item in enumerate(inputs):
+        problem = runner.check(item)
+        if problem:
+            result.errors[i] = problem
+    good = [i for i in range(len(inputs)) if i not in result.errors]
+    if len(good) == len(inputs):
+        try:
+            result.batch = _as_batch(runner.run(inputs, tokens), len(inputs))
+            return result
+        except OutOfMemory:
+            result.oom = True
+        except Exception as exc:  # fall through to isolation
+            log.warning("model %s failed a batch of %d (%s); isolating the failing inputs",
+                        model, len(inputs), type(exc).__name__)
+    _bisect(runner, inputs, tokens, good, result, model)
+    return result
+
+
+def _as_batch(out: Any, n: int) -> Any:
+    if isinstance(out, np.ndarray):
+        if out.shape[:1] != (n,):
+            raise ValueError(f"runner returned shape {out.shape} for a batch of {n}")
+        return np.ascontiguousarray(out)
+    return list(out)
+
+
+def _bisect(runner, inputs, tokens, idx: list[int], result: Execution, model: str) -> None:
+    if not idx:
+        return
+    try:
+        out = _as_batch(runner.run([inputs[i] for i in idx], [tokens[i] for i in idx]), len(idx))
+        for j, i in enumerate(idx):
+            result.outputs[i] = out[j]
+        return
+    except OutOfMemory:
+        result.oom = True
+        if len(idx) == 1:
+            result.errors[idx[0]] = "out of device memory for a single input"
+            return
+    except Exception as exc:
+        if len(idx) == 1:
+            # The exception type only: its text may quote the input, and payloads never reach logs.
+            result.errors[idx[0]] = f"model {model} failed on this input ({type(exc).__name__})"
+            return
+    half = len(idx) // 2
+    _bisect(runner, inputs, tokens, idx[:half], result, model)
+    _bisect(runner, inputs, tokens, idx[half:], result, model)
+
+
+def _combine(run: Execution) -> np.ndarray | list[Any]:
+    """The batch's outputs as one array when they stack, else as a list of values."""
+    if run.batch is not None:
+        return run.batch
+    arrays = [o for i, o in enumerate(run.outputs) if i not in run.errors]
+    if arrays and all(isinstance(a, np.ndarray) for a in arrays) and \
+            len({(a.shape, a.dtype) for a in arrays}) == 1:
+        stacked = np.zeros((len(run.outputs),) + arrays[0].shape, dtype=arrays[0].dtype)
+        for i, o in enumerate(run.outputs):
+            if i not in run.errors:
+                stacked[i] = o
+        return stacked
+    return [o.tolist() if isinstance(o, np.ndarray) else o for o in run.outputs]
+
+
+def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: bool) -> list[Any]:
+    """BatchResult header plus frames: a stacked array travels as one raw frame, uncopied."""
+    out = _combine(run)
+    if isinstance(out, np.ndarray):
+        header = P.BatchResult(batch_id, compute_ns, P.TensorRef(str(out.dtype), list(out.shape), 0),
+                               None, run.errors, run.oom, simulated)
+        return [P.encoder.encode(header), memoryview(out).cast("B")]
+    try:
+        return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, out, run.errors, run.oom, simulated))]
+    except (TypeError, NotImplementedError, OverflowError) as exc:
+        errors = {i: f"model output could not be encoded ({exc})" for i in range(len(out))}
+        return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, None, errors, run.oom, simulated))]
+
+
+def decode_inputs(msg: P.BatchMsg, frames: list[bytes]) -> tuple[list[Any], list[int]]:
+    inputs, tokens = [], []
+    for item in msg.items:
+        if item.text is not None:
+            inputs.append(item.text)
+        elif item.tensor is not None:
+            ref = item.tensor
+            inputs.append(np.frombuffer(frames[ref.frame], dtype=ref.dtype).reshape(ref.shape))
+        else:
+            inputs.append(item.value)
+        tokens.append(item.tokens)
+    return inputs, tokens
+
+
+def load_runners(setup: P.Setup) -> dict[str, Runner]:
+    from dynbatchd.plugins import Plugins
+
+    if setup.threads:
+        import torch
+
+        torch.set_num_threads(setup.threads)
+    registry = Plugins.load().runners()
+    runners = {}
+    for spec in setup.models:
+        runner = registry[spec.runner](setup.device, spec.options)
+        runner.load()
+        runners[spec.name] = runner
+    return runners
+
+
+def serve(endpoint: str, name: str) -> int:
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, name.encode())
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(endpoint)
+    sock.send(P.encoder.encode(P.Hello(os.getpid())))
+    setup = P.daemon_decoder.decode(sock.recv())
+    assert isinstance(setup, P.Setup)
+    try:
+        runners = load_runners(setup)
+    except Exception as exc:
+        log.error("worker %s could not load its models: %s", name, exc)
+        sock.send(P.encoder.encode(P.Failed(f"{type(exc).__name__}: {exc}")))
+        return 1
+    simulated = [n for n, r in runners.items() if r.simulated]
+    sock.send(P.encoder.encode(P.Ready(os.getpid(), setup.device, list(runners), simulated)))
+    parent = os.getppid()
+    while True:
+        if not sock.poll(1000):
+            if os.getppid() != parent:
+                return 0
+            continue
+        frames = sock.recv_multipart()
+        msg = P.daemon_decoder.decode(frames[0])
+        if not isinstance(msg, P.BatchMsg):
+            continue
+        runner = runners[msg.model]
+        inputs, tokens = decode_inputs(msg, frames[1:])
+        start = time.perf_counter_ns()
+        run = execute(runner, inputs, tokens, msg.model)
+        compute_ns = time.perf_counter_ns() - start
+        sock.send_multipart(encode_result(msg.batch_id, run, compute_ns, runner.simulated), copy=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dynbatchd-worker", description="dynbatchd device worker (started by the daemon)")
+    parser.add_argument("--endpoint", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"%(asctime)s worker[{args.name}] %(levelname)s %(message)s")
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    return serve(args.endpoint, args.name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

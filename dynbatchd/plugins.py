@@ -1,0 +1,113 @@
+"""The plugin manager: one typed method per hook, so call sites stay checked.
+
+Built-in plugins and third-party ones load through the same entry-point group
+(``dynbatchd``). A plugin that fails to import is reported and skipped; a
+misspelt hook implementation fails loudly at start (``check_pending``).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+
+from dynbatchd import hookspecs
+from dynbatchd.hookspecs import RequestInfo, Violation, WarmupJob
+
+log = logging.getLogger(__name__)
+
+
+class PluginError(Exception):
+    """A plugin is broken in a way the daemon cannot run around."""
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    name: str
+    module: str
+    hooks: tuple[str, ...]
+    source: str  # distribution that provides it
+
+
+class Plugins:
+    def __init__(self, pm: pluggy.PluginManager, broken: dict[str, str]):
+        self.pm = pm
+        self.broken = broken
+        self._admission_hooks = bool(pm.hook.dynbatchd_admit.get_hookimpls())
+
+    # -- building ---------------------------------------------------------
+    @classmethod
+    def load(cls, extra: list[object] | None = None, *, entry_point_group: str = hookspecs.PROJECT) -> "Plugins":
+        pm = pluggy.PluginManager(hookspecs.PROJECT)
+        pm.add_hookspecs(hookspecs)
+        broken: dict[str, str] = {}
+        for ep in entry_points(group=entry_point_group):
+            if pm.get_plugin(ep.name) is not None:
+                continue
+            try:
+                module = ep.load()
+            except Exception as exc:  # a broken plugin must not take the daemon down
+                broken[ep.name] = f"{type(exc).__name__}: {exc}"
+                log.error("plugin %s failed to load and is skipped: %s", ep.name, exc)
+                continue
+            pm.register(module, name=ep.name)
+        for plugin in extra or ():
+            pm.register(plugin)
+        try:
+            pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            raise PluginError(str(exc)) from None
+        return cls(pm, broken)
+
+    def describe(self) -> list[PluginInfo]:
+        dists = {p: d.project_name if hasattr(d, "project_name") else d.metadata["name"]
+                 for p, d in self.pm.list_plugin_distinfo()}
+        out = []
+        for name, plugin in sorted(self.pm.list_name_plugin(), key=lambda x: x[0]):
+            hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or ()))
+            out.append(PluginInfo(name, getattr(plugin, "__name__", type(plugin).__name__),
+                                  hooks, dists.get(plugin, "")))
+        return out
+
+    # -- one method per hook ------------------------------------------------
+    def route(self, request: RequestInfo, config: Any) -> str:
+        channel = self.pm.hook.dynbatchd_route(request=request, config=config)
+        return channel if channel is not None else config.routing.default
+
+    @property
+    def has_admission_checks(self) -> bool:
+        return self._admission_hooks
+
+    def admit(self, request: RequestInfo, channel: str, config: Any) -> str | None:
+        refusals = [r for r in self.pm.hook.dynbatchd_admit(request=request, channel=channel, config=config) if r]
+        return "; ".join(refusals) if refusals else None
+
+    def check_config(self, config: Any) -> list[Violation]:
+        found: list[Violation] = []
+        for impl_result in self.pm.hook.dynbatchd_check_config(config=config):
+            found.extend(impl_result or ())
+        return found
+
+    def warmup_jobs(self, model: str, top_users: int, config: Any) -> list[WarmupJob]:
+        return [j for j in self.pm.hook.dynbatchd_warmup(model=model, top_users=top_users, config=config) if j]
+
+    def _registry(self, hook: Any, what: str) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for table in hook():
+            for name, factory in (table or {}).items():
+                if name in merged and merged[name] is not factory:
+                    raise PluginError(f"{what} {name!r} is registered by two plugins")
+                merged[name] = factory
+        return merged
+
+    def window_policies(self) -> dict[str, Any]:
+        return self._registry(self.pm.hook.dynbatchd_window_policies, "window policy")
+
+    def batch_sizers(self) -> dict[str, Any]:
+        return self._registry(self.pm.hook.dynbatchd_batch_sizers, "batch-size policy")
+
+    def runners(self) -> dict[str, Any]:
+        return self._registry(self.pm.hook.dynbatchd_runners, "runner")

@@ -1,0 +1,170 @@
+"""Wire messages between clients, the daemon and its workers.
+
+One request is a ZeroMQ multipart message: a msgpack header followed by
+optional raw frames that hold array data (referenced from the header by frame
+index, so arrays never pass through msgpack). A reply has the same shape.
+The full format is documented in man/dynbatchd-protocol.7.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+PROTOCOL_VERSION = 1
+
+# Error codes: stable strings, part of the public protocol.
+BAD_REQUEST = "bad_request"
+UNKNOWN_MODEL = "unknown_model"
+OVERLOADED = "overloaded"
+DEADLINE_EXCEEDED = "deadline_exceeded"
+MODEL_ERROR = "model_error"
+SHUTTING_DOWN = "shutting_down"
+REFUSED = "refused"
+ERROR_CODES = (BAD_REQUEST, UNKNOWN_MODEL, OVERLOADED, DEADLINE_EXCEEDED, MODEL_ERROR,
+               SHUTTING_DOWN, REFUSED)
+
+DTYPES = ("float32", "float16", "float64", "int64", "int32", "uint8", "bool")
+
+
+class TensorRef(msgspec.Struct, omit_defaults=True, gc=False):
+    """An array carried in raw frame number `frame` (0 = first frame after the header)."""
+    dtype: str
+    shape: list[int]
+    frame: int = 0
+
+
+class Request(msgspec.Struct, omit_defaults=True, gc=False):
+    """What a client sends. Exactly one of text / tensor / value is the input."""
+    id: int | str
+    model: str
+    v: int = PROTOCOL_VERSION
+    text: str | None = None
+    tensor: TensorRef | None = None
+    value: Any = None
+    tags: list[str] = []
+    request_type: str | None = None
+    user_frequency: str | None = None
+    user: str | None = None
+    tenant: str | None = None
+    tokens: int | None = None
+    priority: int | None = None
+    deadline_ms: float | None = None
+
+
+class ErrorInfo(msgspec.Struct, gc=False):
+    code: str
+    message: str
+
+
+class Timing(msgspec.Struct, omit_defaults=True, gc=False):
+    """Where the request's time went, in microseconds."""
+    queue_us: int = 0
+    compute_us: int = 0
+    total_us: int = 0
+    batch_size: int = 0
+    channel: str = ""
+    device: str = ""
+    simulated: bool = False
+
+
+class Reply(msgspec.Struct, omit_defaults=True, gc=False):
+    id: int | str | None
+    ok: bool
+    v: int = PROTOCOL_VERSION
+    tensor: TensorRef | None = None
+    value: Any = None
+    error: ErrorInfo | None = None
+    timing: Timing | None = None
+
+
+# --- daemon <-> worker (ipc) --------------------------------------------------
+
+class BatchItem(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    text: str | None = None
+    tensor: TensorRef | None = None
+    value: Any = None
+    tokens: int = 0
+
+
+class BatchMsg(msgspec.Struct, array_like=True, gc=False, tag="batch"):
+    batch_id: int
+    model: str
+    items: list[BatchItem]
+
+
+class BatchResult(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag="result"):
+    """A worker's answer: a stacked output array (frame 0) or per-item values,
+    plus per-item errors (index -> message) for items that failed alone."""
+    batch_id: int
+    compute_ns: int
+    output: TensorRef | None = None
+    values: list[Any] | None = None
+    errors: dict[int, str] = {}
+    oom: bool = False
+    simulated: bool = False
+
+
+class ModelSpec(msgspec.Struct, gc=False):
+    name: str
+    runner: str
+    options: dict[str, Any] = {}
+
+
+class Setup(msgspec.Struct, array_like=True, gc=False, tag="setup"):
+    device: str
+    models: list[ModelSpec]
+    threads: int = 0
+
+
+class Hello(msgspec.Struct, array_like=True, gc=False, tag="hello"):
+    pid: int
+
+
+class Ready(msgspec.Struct, array_like=True, gc=False, tag="ready"):
+    pid: int
+    device: str
+    models: list[str]
+    simulated: list[str] = []
+
+
+class Failed(msgspec.Struct, array_like=True, gc=False, tag="failed"):
+    message: str
+
+
+WorkerToDaemon = Hello | Ready | BatchResult | Failed
+DaemonToWorker = Setup | BatchMsg
+
+request_decoder = msgspec.msgpack.Decoder(Request)
+reply_decoder = msgspec.msgpack.Decoder(Reply)
+worker_decoder = msgspec.msgpack.Decoder(WorkerToDaemon)
+daemon_decoder = msgspec.msgpack.Decoder(DaemonToWorker)
+
+
+def _encode_extra(obj: Any) -> Any:
+    """Let numpy scalars and arrays inside plain values travel as msgpack numbers and lists."""
+    if hasattr(obj, "tolist"):
+        return obj.tolist()
+    raise NotImplementedError(f"cannot send a {type(obj).__name__} in a message")
+
+
+encoder = msgspec.msgpack.Encoder(enc_hook=_encode_extra)
+
+
+def check_tensor(ref: TensorRef, frame_lengths: list[int]) -> str | None:
+    """Return why `ref` does not describe one of the frames, or None if it does."""
+    if ref.dtype not in DTYPES:
+        return f"unsupported dtype {ref.dtype!r}"
+    if not 0 <= ref.frame < len(frame_lengths):
+        return f"tensor frame {ref.frame} is missing"
+    if any(d < 0 for d in ref.shape):
+        return "negative dimension in tensor shape"
+    count = 1
+    for d in ref.shape:
+        count *= d
+    itemsize = {"float32": 4, "float16": 2, "float64": 8, "int64": 8, "int32": 4,
+                "uint8": 1, "bool": 1}[ref.dtype]
+    if count * itemsize != frame_lengths[ref.frame]:
+        return f"tensor shape {ref.shape} x {ref.dtype} does not match frame of {frame_lengths[ref.frame]} bytes"
+    return None

@@ -1,0 +1,140 @@
+"""The scheduler: when to close a batch, and which ready batch a free device slot takes.
+
+Pure logic. It never reads a clock (every call takes ``now_ns``), never
+touches sockets, and never runs a model, so a test can replay thousands of
+arrivals against a fake clock in milliseconds, and the same code drives both
+the live daemon and the simulated accelerator used for capacity planning.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+from dynbatchd.scheduler.channel import NEVER, Batch, Channel, Item, Lane
+from dynbatchd.scheduler.policies import FixedWindow, StaticSizer
+
+PolicyFactory = Callable[[str, Any, dict[str, Any]], Any]
+
+
+@dataclass(slots=True)
+class Decision:
+    batches: list[Batch] = field(default_factory=list)
+    expired: list[Item] = field(default_factory=list)
+
+
+def build_channels(channels: dict[str, Any],
+                   window_policies: dict[str, PolicyFactory] | None = None,
+                   sizers: dict[str, PolicyFactory] | None = None) -> dict[str, Channel]:
+    """Channels from settings, each with the window and batch-size policy it names."""
+    window_policies = {"fixed": FixedWindow.factory, **(window_policies or {})}
+    sizers = {"static": StaticSizer.factory, **(sizers or {})}
+    built = {}
+    for name, settings in channels.items():
+        wsel = getattr(settings, "window", None)
+        ssel = getattr(settings, "batch_size", None)
+        wname, wopts = (wsel.policy, dict(wsel.options)) if wsel else ("fixed", {})
+        sname, sopts = (ssel.policy, dict(ssel.options)) if ssel else ("static", {})
+        if wname not in window_policies:
+            raise KeyError(f"channels.{name}.window.policy: unknown window policy {wname!r}")
+        if sname not in sizers:
+            raise KeyError(f"channels.{name}.batch_size.policy: unknown batch-size policy {sname!r}")
+        built[name] = Channel(name, settings, window_policies[wname](name, settings, wopts),
+                              sizers[sname](name, settings, sopts))
+    return built
+
+
+class Scheduler:
+    def __init__(self, channels: dict[str, Channel]):
+        self.channels = channels
+        self.draining = False
+        self._next_batch_id = 0
+
+    # -- inputs -------------------------------------------------------------
+    def submit(self, item: Item, now_ns: int) -> bool:
+        """Queue a routed request; False means its channel is full (answer `overloaded`)."""
+        return self.channels[item.channel].offer(item, now_ns)
+
+    def completed(self, batch: Batch, compute_ns: int, now_ns: int) -> None:
+        """A device finished `batch`: teach the cost model and the window policy."""
+        channel = self.channels[batch.channel]
+        n = len(batch.items)
+        channel.cost.observe(n, batch.tokens, compute_ns)
+        channel.window.on_batch_done(n, batch.tokens, compute_ns, now_ns)
+        channel.stats.compute_ns += compute_ns * n
+
+    def out_of_memory(self, batch: Batch) -> None:
+        """A batch did not fit on the device: that channel's sizer lowers its limit."""
+        self.channels[batch.channel].sizer.on_oom(len(batch.items))
+
+    def requeue(self, items: Iterable[Item]) -> None:
+        for item in items:
+            item.retries += 1
+            self.channels[item.channel].requeue(item)
+
+    def drain(self) -> None:
+        """Stop waiting for fuller batches: everything queued is ready now."""
+        self.draining = True
+
+    # -- decisions ----------------------------------------------------------
+    def poll(self, now_ns: int, free_slots: int) -> Decision:
+        """Answer hopeless requests, then fill up to `free_slots` with the most urgent ready batches."""
+        decision = Decision()
+        for channel in self.channels.values():
+            channel.expire(now_ns, decision.expired)
+        while free_slots > 0:
+            pick = self._most_urgent_ready(now_ns, free_slots)
+            if pick is None:
+                break
+            channel, lane = pick
+            self._next_batch_id += 1
+            decision.batches.append(channel.form(lane, self._next_batch_id, now_ns))
+            free_slots -= 1
+        return decision
+
+    def _most_urgent_ready(self, now_ns: int, free_slots: int) -> tuple[Channel, Lane] | None:
+        """Earliest deadline first among ready lanes; a channel under its minimum share goes first."""
+        best = None
+        best_key = None
+        total = sum(c.dispatched_items for c in self.channels.values()) or 1
+        for channel in self.channels.values():
+            if not channel.depth:
+                continue
+            starved = channel.settings.min_share > 0 and channel.dispatched_items / total < channel.settings.min_share
+            for lane in channel.lanes.values():
+                if channel.ready_at(lane, now_ns, free_slots, self.draining) > now_ns:
+                    continue
+                key = (not starved, lane.head_deadline(), -channel.settings.priority)
+                if best_key is None or key < best_key:
+                    best, best_key = (channel, lane), key
+        return best
+
+    def next_wakeup(self, now_ns: int, free_slots: int) -> int | None:
+        """The earliest future time a poll could change something: a window end, an urgency or an expiry.
+
+        Lanes already ready are waiting for a device slot, not for time, so only
+        their expiry counts; a finished batch is the caller's cue to poll again.
+        """
+        soonest = NEVER
+        for channel in self.channels.values():
+            if not channel.depth:
+                continue
+            one = channel.cost.estimate_ns(1)
+            for lane in channel.lanes.values():
+                if not lane.heap:
+                    continue
+                at = channel.ready_at(lane, now_ns, free_slots, self.draining)
+                if at <= now_ns:
+                    at = NEVER
+                if not channel.settings.run_late:
+                    at = min(at, lane.head_deadline() - one)
+                soonest = min(soonest, at)
+        return None if soonest == NEVER else max(soonest, now_ns)
+
+    # -- views --------------------------------------------------------------
+    def depth(self) -> int:
+        return sum(c.depth for c in self.channels.values())
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {name: c.stats.snapshot(c.depth, c.sizer.max_batch(), c.describe())
+                for name, c in self.channels.items()}

@@ -1,0 +1,171 @@
+"""A channel: bounded queues in deadline order, and the rule for when a batch is ready.
+
+A channel holds one *lane* per model (and, for isolated channels, per tenant):
+a batch is always cut from one lane, so requests of different models, or of
+different tenants of a regulated channel, never share a batch.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Hashable
+
+from dynbatchd.scheduler.policies import BatchSizer, CostModel, LaneState, WindowPolicy
+from dynbatchd.telemetry import ChannelStats
+
+NEVER = 1 << 62
+
+
+@dataclass(slots=True, eq=False)
+class Item:
+    """One queued request, as the scheduler sees it. `payload` is opaque to it."""
+    key: int
+    model: str
+    arrival_ns: int
+    deadline_ns: int
+    tokens: int = 0
+    tenant: str | None = None
+    payload: Any = None
+    channel: str = ""
+    retries: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Batch:
+    id: int
+    channel: str
+    model: str
+    items: list[Item]
+    formed_ns: int
+    max_batch: int
+    tokens: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class Lane:
+    model: str
+    tenant: str | None
+    heap: list = field(default_factory=list)   # (deadline_ns, key, item)
+    opened_ns: int = NEVER                     # arrival of the oldest waiting item
+    tokens: int = 0
+
+    def __len__(self) -> int:
+        return len(self.heap)
+
+    def push(self, item: Item) -> None:
+        heapq.heappush(self.heap, (item.deadline_ns, item.key, item))
+        self.tokens += item.tokens
+        if item.arrival_ns < self.opened_ns:
+            self.opened_ns = item.arrival_ns
+
+    def pop(self) -> Item:
+        item = heapq.heappop(self.heap)[2]
+        self.tokens -= item.tokens
+        if not self.heap:
+            self.opened_ns = NEVER
+        return item
+
+    def reopen(self) -> None:
+        """Recompute the oldest arrival after items left from the middle of the queue."""
+        self.opened_ns = min((entry[2].arrival_ns for entry in self.heap), default=NEVER)
+
+    def head_deadline(self) -> int:
+        return self.heap[0][0] if self.heap else NEVER
+
+
+class Channel:
+    def __init__(self, name: str, settings: Any, window: WindowPolicy, sizer: BatchSizer):
+        self.name = name
+        self.settings = settings
+        self.window = window
+        self.sizer = sizer
+        self.lanes: dict[Hashable, Lane] = {}
+        self.depth = 0
+        self.stats = ChannelStats()
+        self.cost = CostModel()
+        self.dispatched_items = 0   # lifetime, for minimum-share accounting
+
+    def lane_for(self, model: str, tenant: str | None) -> Lane:
+        key = (model, tenant) if self.settings.isolated else model
+        lane = self.lanes.get(key)
+        if lane is None:
+            lane = self.lanes[key] = Lane(model, tenant if self.settings.isolated else None)
+        return lane
+
+    def offer(self, item: Item, now_ns: int) -> bool:
+        """Queue `item`; False when the channel is full (the caller answers `overloaded`)."""
+        if self.depth >= self.settings.queue_limit:
+            self.stats.overloaded += 1
+            return False
+        self.lane_for(item.model, item.tenant).push(item)
+        self.depth += 1
+        self.stats.accepted += 1
+        self.window.on_arrival(now_ns, item.tokens)
+        return True
+
+    def requeue(self, item: Item) -> None:
+        """Put back an item that was dispatched but not run (its worker died); bypasses the bound."""
+        self.lane_for(item.model, item.tenant).push(item)
+        self.depth += 1
+
+    def expire(self, now_ns: int, out: list[Item]) -> None:
+        """Move requests that can no longer finish in time to `out` (unless run_late)."""
+        if self.settings.run_late:
+            return
+        # A request is hopeless once even a batch of one would end past its deadline.
+        horizon = now_ns + self.cost.estimate_ns(1)
+        for lane in self.lanes.values():
+            moved = False
+            while lane.heap and lane.heap[0][0] <= horizon:
+                out.append(lane.pop())
+                self.depth -= 1
+                self.stats.expired += 1
+                moved = True
+            if moved and lane.heap:
+                lane.reopen()
+
+    def lane_state(self, lane: Lane, free_slots: int) -> LaneState:
+        return LaneState(len(lane), lane.tokens, self.sizer.max_batch(), lane.opened_ns,
+                         lane.head_deadline(), free_slots, self.cost)
+
+    def ready_at(self, lane: Lane, now_ns: int, free_slots: int, draining: bool) -> int:
+        """When this lane's next batch may be cut: `now_ns` or earlier means now."""
+        if not lane.heap:
+            return NEVER
+        limit = self.sizer.max_batch()
+        cap = self.settings.max_tokens
+        if draining or len(lane) >= limit or (cap and lane.tokens >= cap):
+            return now_ns
+        state = self.lane_state(lane, free_slots)
+        window_end = lane.opened_ns + self.window.window_ns(now_ns, state)
+        # Close early when waiting longer would make the most urgent request miss.
+        urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens)
+        return min(window_end, urgent)
+
+    def form(self, lane: Lane, batch_id: int, now_ns: int) -> Batch:
+        """Cut a batch from the head of `lane`: most urgent first, up to the size and token caps."""
+        limit = self.sizer.max_batch()
+        cap = self.settings.max_tokens
+        items: list[Item] = []
+        tokens = 0
+        while lane.heap and len(items) < limit:
+            nxt = lane.heap[0][2]
+            if cap and items and tokens + nxt.tokens > cap:
+                break
+            items.append(lane.pop())
+            tokens += nxt.tokens
+        if lane.heap:
+            lane.reopen()
+        self.depth -= len(items)
+        self.dispatched_items += len(items)
+        stats = self.stats
+        stats.batches += 1
+        stats.batched_items += len(items)
+        stats.fill_sum += len(items) / limit
+        for item in items:
+            stats.wait_ns += now_ns - item.arrival_ns
+        return Batch(batch_id, self.name, lane.model, items, now_ns, limit, tokens)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.window.describe(), "sizer": self.sizer.describe()}

@@ -1,0 +1,349 @@
+"""The daemon: admission, routing and replies around the pure scheduler.
+
+The path of one request: the front end decodes it -> `on_request` routes it
+(routing hook), checks it (compliance hook) and queues it -> `_pump` asks
+the scheduler which batches to send to which free device slots -> a worker
+runs the batch -> `_on_result` answers every request in it. Every accepted
+request ends in exactly one reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import tempfile
+import time
+from typing import Any, Callable
+
+import zmq
+
+from dynbatchd import __version__, config as cfgmod, protocol as P, systemd
+from dynbatchd.config import Config, ConfigError
+from dynbatchd.control.server import ControlServer
+from dynbatchd.devices.pool import DevicePool, Worker, detect_devices
+from dynbatchd.hookspecs import RequestInfo
+from dynbatchd.plugins import Plugins
+from dynbatchd.scheduler import Batch, Item, Scheduler, build_channels
+from dynbatchd.transport import FrontEnd
+
+log = logging.getLogger("dynbatchd")
+
+MAX_RETRIES = 1  # a request whose worker died under it is run once more, then answered model_error
+
+
+def validate_config(config: Config, plugins: Plugins) -> None:
+    """Everything beyond structure: known runners and policies, and every compliance rule."""
+    runners = plugins.runners()
+    for name, model in config.models.items():
+        if model.runner not in runners:
+            raise ConfigError(config.source, f"models.{name}.runner",
+                              f"unknown runner {model.runner!r} (known: {', '.join(sorted(runners))})")
+    try:
+        build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
+    except KeyError as exc:
+        key, _, rule = str(exc.args[0]).partition(": ")
+        raise ConfigError(config.source, key, rule) from None
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(config.source, "channels", f"policy options rejected: {exc}") from None
+    violations = plugins.check_config(config)
+    if violations:
+        v = violations[0]
+        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
+        raise ConfigError(config.source, v.key, f"refused by compliance: {v.rule}{more}")
+
+
+def estimate_tokens(request: P.Request) -> int:
+    if request.tokens is not None:
+        return request.tokens
+    if request.text is not None:
+        return len(request.text) // 4 + 1  # ~4 characters per token for English text
+    return 0
+
+
+class Daemon:
+    def __init__(self, config: Config, plugins: Plugins, *, config_path: str | None = None,
+                 clock: Callable[[], int] = time.monotonic_ns):
+        self.config = config
+        self.config_path = config_path
+        self.plugins = plugins
+        self.clock = clock
+        self.started_ns = clock()
+        self.state = "starting"
+        self.scheduler = Scheduler(build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers()))
+        self._keys = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0
+        self._pump_scheduled = False
+        self._stop = asyncio.Event()
+        self._force = False
+        self.front: FrontEnd | None = None
+        self.pool: DevicePool | None = None
+        self.control: ControlServer | None = None
+        self.warm_cache: dict[tuple[str, str], Any] = {}
+
+    # -- lifecycle ----------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        self.loop = loop
+        ctx = zmq.Context.instance()
+        ipc_dir = tempfile.mkdtemp(prefix="dynbatchd-")
+        for sig, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
+                             (signal.SIGHUP, self._reload_from_signal)):
+            loop.add_signal_handler(sig, handler)
+        self.control = ControlServer(ctx, self.config.daemon.control, self)
+        self.control.io.start(loop)
+        devices = detect_devices(self.config.devices.use)
+        models = [P.ModelSpec(n, m.runner, dict(m.options)) for n, m in self.config.models.items()]
+        self.pool = DevicePool(ctx, devices, models, inflight=self.config.devices.inflight,
+                               cpu_threads=self.config.devices.cpu_threads, ipc_dir=ipc_dir,
+                               restart_limit=self.config.devices.restart_limit, on_result=self._on_result,
+                               on_lost=self._on_lost, on_capacity=self._schedule_pump, clock=self.clock,
+                               log_level=self.config.daemon.log_level)
+        log.info("dynbatchd %s starting: devices %s, models %s", __version__, ", ".join(devices), ", ".join(self.config.models))
+        try:
+            await self.pool.start(timeout_s=600)
+        except RuntimeError as exc:
+            log.error("could not start device workers: %s", exc)
+            await self._close(ipc_dir)
+            return 1
+        self.front = FrontEnd(ctx, self.config.daemon.listen, self.config.daemon.max_request_bytes, self.on_request)
+        self.front.io.start(loop)
+        self.state = "serving"
+        systemd.notify(f"READY=1\nSTATUS=serving on {self.config.daemon.listen}\nMAINPID={os.getpid()}")
+        log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
+        await self._stop.wait()
+        await self._drain()
+        await self._close(ipc_dir)
+        return 0
+
+    def request_stop(self) -> None:
+        """First SIGTERM drains (answer what was accepted), a second one stops at once."""
+        if self.state == "draining":
+            log.warning("second stop signal: answering the rest shutting_down and exiting")
+            self._force = True
+        self.state = "draining"
+        systemd.notify("STOPPING=1")
+        self._stop.set()
+
+    async def _drain(self) -> None:
+        log.info("draining: %d queued, %d batches in flight", self.scheduler.depth(), self.pool.inflight())
+        self.scheduler.drain()
+        self._pump()
+        deadline = self.clock() + int(self.config.daemon.drain_timeout_s * 1e9)
+        while (self.scheduler.depth() or self.pool.inflight()) and not self._force and self.clock() < deadline:
+            await asyncio.sleep(0.01)
+            self._pump()
+        leftovers = self.scheduler.poll(self.clock(), 0)  # nothing more may start
+        for channel in self.scheduler.channels.values():
+            for lane in channel.lanes.values():
+                while lane.heap:
+                    leftovers.expired.append(lane.pop())
+            channel.depth = 0
+        for item in leftovers.expired:
+            self._fail(item, P.SHUTTING_DOWN, "daemon stopped before this request could run")
+        for worker in self.pool.workers.values():
+            self._on_lost(worker, [b for b, _ in worker.inflight.values()], final=True)
+
+    async def _close(self, ipc_dir: str) -> None:
+        if self.pool:
+            await self.pool.stop()
+        for part in (self.front, self.control):
+            if part is not None:
+                part.io.stop()
+                part.io.sock.close(linger=2000)
+        try:
+            os.rmdir(ipc_dir)
+        except OSError:
+            pass
+
+    # -- admission ----------------------------------------------------------
+    def on_request(self, envelope: list[bytes], request: P.Request, frames: list[bytes]) -> None:
+        front = self.front
+        if self.state != "serving":
+            front.reject(envelope, request.id, P.SHUTTING_DOWN, "daemon is shutting down")
+            return
+        config = self.config
+        if request.model not in config.models:
+            front.reject(envelope, request.id, P.UNKNOWN_MODEL, f"no model named {request.model!r}")
+            return
+        tokens = estimate_tokens(request)
+        info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
+                           tokens, request.priority, request.tenant, request.user)
+        channel = self.plugins.route(info, config)
+        if channel not in config.channels:
+            log.error("routing named unknown channel %r; using %r", channel, config.routing.default)
+            channel = config.routing.default
+        if self.plugins.has_admission_checks:
+            reason = self.plugins.admit(info, channel, config)
+            if reason:
+                self.scheduler.channels[channel].stats.refused += 1
+                front.reject(envelope, request.id, P.REFUSED, reason)
+                return
+        now = self.clock()
+        deadline_ms = request.deadline_ms or config.channels[channel].deadline_ms
+        self._keys += 1
+        item = Item(self._keys, request.model, now, now + int(deadline_ms * 1e6), tokens, request.tenant,
+                    (envelope, request, frames), channel)
+        if not self.scheduler.submit(item, now):
+            front.reject(envelope, request.id, P.OVERLOADED,
+                         f"channel {channel!r} queue is full ({config.channels[channel].queue_limit})")
+            return
+        self._schedule_pump()
+
+    # -- scheduling ---------------------------------------------------------
+    def _schedule_pump(self) -> None:
+        if not self._pump_scheduled:
+            self._pump_scheduled = True
+            self.loop.call_soon(self._pump)
+
+    def _pump(self) -> None:
+        self._pump_scheduled = False
+        now = self.clock()
+        decision = self.scheduler.poll(now, self.pool.free_slots())
+        for item in decision.expired:
+            self._fail(item, P.DEADLINE_EXCEEDED, "deadline passed before the request could run")
+        for batch in decision.batches:
+            self.pool.dispatch(batch, encode_batch(batch))
+        self._arm(self.scheduler.next_wakeup(now, self.pool.free_slots()), now)
+
+    def _arm(self, wake_ns: int | None, now_ns: int) -> None:
+        if wake_ns is None or (self._timer is not None and self._timer_at <= wake_ns):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = wake_ns
+        self._timer = self.loop.call_later(max(0, wake_ns - now_ns) / 1e9, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._pump()
+
+    # -- replies ------------------------------------------------------------
+    def _on_result(self, worker: Worker, batch: Batch, result: P.BatchResult, frames: list[bytes]) -> None:
+        now = self.clock()
+        self.scheduler.completed(batch, result.compute_ns, now)
+        if result.oom:
+            self.scheduler.out_of_memory(batch)
+        stats = self.scheduler.channels[batch.channel].stats
+        n = len(batch.items)
+        compute_us = result.compute_ns // 1000
+        out, row = result.output, 0
+        if out is not None:
+            buf = memoryview(frames[0])
+            row = len(buf) // n if n else 0
+            item_ref = P.TensorRef(out.dtype, out.shape[1:], 0)
+        for i, item in enumerate(batch.items):
+            envelope, request, _ = item.payload
+            if i in result.errors:
+                self._fail(item, P.MODEL_ERROR, result.errors[i])
+                continue
+            timing = P.Timing((batch.formed_ns - item.arrival_ns) // 1000, compute_us,
+                              (now - item.arrival_ns) // 1000, n, batch.channel, worker.device, result.simulated)
+            if out is not None:
+                reply = P.Reply(request.id, True, tensor=item_ref, timing=timing)
+                self.front.reply(envelope, reply, (buf[i * row:(i + 1) * row],))
+            else:
+                self.front.reply(envelope, P.Reply(request.id, True, value=result.values[i], timing=timing))
+            stats.completed += 1
+            if now > item.deadline_ns:
+                stats.late += 1
+            stats.latency.record((now - item.arrival_ns) / 1000)
+        self._pump()
+
+    def _fail(self, item: Item, code: str, message: str) -> None:
+        envelope, request, _ = item.payload
+        stats = self.scheduler.channels[item.channel].stats
+        if code != P.DEADLINE_EXCEEDED:
+            stats.failed += 1
+        stats.latency.record((self.clock() - item.arrival_ns) / 1000)
+        self.front.reject(envelope, request.id, code, message)
+
+    def _on_lost(self, worker: Worker, batches: list[Batch], final: bool = False) -> None:
+        """A worker died holding `batches`: run each request once more, or answer it."""
+        retry = []
+        for batch in batches:
+            for item in batch.items:
+                if final:
+                    self._fail(item, P.SHUTTING_DOWN, "daemon stopped while this request was running")
+                elif item.retries < MAX_RETRIES:
+                    retry.append(item)
+                else:
+                    self._fail(item, P.MODEL_ERROR, f"worker for {worker.device} died twice while running this request")
+        self.scheduler.requeue(retry)
+        if not final:
+            self._schedule_pump()
+
+    # -- control ------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        return {
+            "daemon": {"version": __version__, "pid": os.getpid(), "state": self.state,
+                       "uptime_s": round((now - self.started_ns) / 1e9, 3), "config": self.config.source,
+                       "listen": self.config.daemon.listen,
+                       "bad_requests": self.front.bad_requests if self.front else 0,
+                       "dropped": self.front.dropped if self.front else 0},
+            "channels": self.scheduler.snapshot(),
+            "devices": self.pool.snapshot() if self.pool else [],
+        }
+
+    def apply_config(self, new: Config) -> list[str]:
+        """Adopt a validated config: channel settings, policies and routing change in place.
+
+        Returns what could not change without a restart (endpoints, models,
+        devices, the set of channels); the rest is applied.
+        """
+        validate_config(new, self.plugins)
+        old = self.config
+        needs_restart = [key for key in ("daemon", "devices", "models")
+                         if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
+        if set(old.channels) != set(new.channels):
+            needs_restart.append("channels (added or removed)")
+            return needs_restart
+        rebuilt = build_channels(new.channels, self.plugins.window_policies(), self.plugins.batch_sizers())
+        for name, channel in self.scheduler.channels.items():
+            if cfgmod.to_dict(channel.settings) != cfgmod.to_dict(new.channels[name]):
+                channel.settings = new.channels[name]
+                channel.window = rebuilt[name].window
+                channel.sizer = rebuilt[name].sizer
+        self.config = new if not needs_restart else _keep(old, new)
+        self._schedule_pump()
+        return needs_restart
+
+    def reload(self) -> list[str]:
+        if not self.config_path:
+            raise ConfigError(self.config.source, "", "daemon was started without a config file")
+        systemd.notify("RELOADING=1")
+        try:
+            return self.apply_config(cfgmod.load(self.config_path))
+        finally:
+            systemd.notify("READY=1")
+
+    def _reload_from_signal(self) -> None:
+        try:
+            pending = self.reload()
+            log.info("configuration reloaded%s", f"; needs a restart to change: {', '.join(pending)}" if pending else "")
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: %s", exc)
+
+
+def _keep(old: Config, new: Config) -> Config:
+    """`new`, but with the parts that need a restart kept as they run now."""
+    import msgspec
+
+    return msgspec.structs.replace(new, daemon=old.daemon, devices=old.devices, models=old.models)
+
+
+def encode_batch(batch: Batch) -> list[Any]:
+    """BatchMsg header plus the tensor frames of its requests, renumbered."""
+    items, frames = [], []
+    for item in batch.items:
+        _, request, req_frames = item.payload
+        if request.tensor is not None:
+            ref = P.TensorRef(request.tensor.dtype, request.tensor.shape, len(frames))
+            frames.append(req_frames[request.tensor.frame])
+            items.append(P.BatchItem(tensor=ref, tokens=item.tokens))
+        else:
+            items.append(P.BatchItem(text=request.text, value=request.value, tokens=item.tokens))
+    return [P.encoder.encode(P.BatchMsg(batch.id, batch.model, items)), *frames]

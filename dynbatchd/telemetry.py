@@ -1,0 +1,129 @@
+"""Counters, latency histograms and the derived figures operators watch.
+
+Nothing here records payloads: only counts, sizes and times (data minimisation).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# Log-spaced buckets: 8 per doubling, from 1 µs up to ~1.1e9 µs (about 18 minutes).
+_PER_DOUBLING = 8
+_BUCKETS = 30 * _PER_DOUBLING + 1
+
+
+class Histogram:
+    """Latency histogram in microseconds: O(1) record, ~9% bucket resolution."""
+
+    __slots__ = ("counts", "total", "sum_us", "max_us")
+
+    def __init__(self) -> None:
+        self.counts = [0] * _BUCKETS
+        self.total = 0
+        self.sum_us = 0.0
+        self.max_us = 0.0
+
+    def record(self, us: float) -> None:
+        idx = 0 if us <= 1.0 else min(_BUCKETS - 1, int(math.log2(us) * _PER_DOUBLING) + 1)
+        self.counts[idx] += 1
+        self.total += 1
+        self.sum_us += us
+        if us > self.max_us:
+            self.max_us = us
+
+    def quantile(self, q: float) -> float:
+        """Upper edge of the bucket holding quantile q (0..1); 0 when empty."""
+        if not self.total:
+            return 0.0
+        rank = max(1, math.ceil(q * self.total))
+        seen = 0
+        for idx, count in enumerate(self.counts):
+            seen += count
+            if seen >= rank:
+                return min(self.max_us, 2.0 ** (idx / _PER_DOUBLING))
+        return self.max_us
+
+    def mean(self) -> float:
+        return self.sum_us / self.total if self.total else 0.0
+
+
+@dataclass(slots=True)
+class ChannelStats:
+    accepted: int = 0
+    overloaded: int = 0
+    refused: int = 0
+    expired: int = 0          # answered deadline_exceeded without running
+    late: int = 0             # ran, but answered after the deadline
+    completed: int = 0
+    failed: int = 0
+    batches: int = 0
+    batched_items: int = 0
+    fill_sum: float = 0.0     # sum over batches of size / max_batch
+    wait_ns: int = 0          # queue wait summed over dispatched requests
+    compute_ns: int = 0       # batch compute time summed over dispatched requests
+    latency: Histogram = field(default_factory=Histogram)
+
+    def on_time_fraction(self) -> float:
+        answered = self.completed + self.expired + self.failed
+        return 1.0 if not answered else (self.completed - self.late) / answered
+
+    def snapshot(self, depth: int, max_batch: int, policy: dict[str, Any]) -> dict[str, Any]:
+        busy = self.wait_ns + self.compute_ns
+        return {
+            "queue_depth": depth,
+            "max_batch": max_batch,
+            "accepted": self.accepted,
+            "completed": self.completed,
+            "batches": self.batches,
+            "mean_batch": self.batched_items / self.batches if self.batches else 0.0,
+            "fill_rate": self.fill_sum / self.batches if self.batches else 0.0,
+            "p50_ms": self.latency.quantile(0.50) / 1000,
+            "p99_ms": self.latency.quantile(0.99) / 1000,
+            "p999_ms": self.latency.quantile(0.999) / 1000,
+            "rejected": {"overloaded": self.overloaded, "refused": self.refused},
+            "deadline_misses": self.expired + self.late,
+            "expired": self.expired,
+            "late": self.late,
+            "failed": self.failed,
+            "on_time": self.on_time_fraction(),
+            "scheduling_efficiency": self.compute_ns / busy if busy else 0.0,
+            "window": policy,
+        }
+
+
+@dataclass(slots=True)
+class DeviceStats:
+    name: str
+    pid: int = 0
+    state: str = "starting"
+    inflight: int = 0
+    batches: int = 0
+    items: int = 0
+    restarts: int = 0
+    busy_ns: int = 0
+    since_ns: int = 0
+    simulated: bool = False
+
+    def snapshot(self, now_ns: int) -> dict[str, Any]:
+        span = now_ns - self.since_ns
+        return {
+            "device": self.name, "pid": self.pid, "state": self.state, "inflight": self.inflight,
+            "batches": self.batches, "items": self.items, "restarts": self.restarts,
+            "busy_fraction": min(1.0, self.busy_ns / span) if span > 0 else 0.0,
+            "simulated": self.simulated,
+        }
+
+
+def health_score(qps: float, qps_target: float, p99_ms: float, p99_target_ms: float,
+                 util: float, mem_headroom: float) -> float:
+    """The guide's weighted health score, with each term first normalised to 0..1.
+
+    The guide adds QPS, 1/P99, utilisation and memory headroom raw; their
+    units differ, so each is scaled against its target before weighting.
+    """
+    qps_term = min(1.0, qps / qps_target) if qps_target > 0 else 0.0
+    p99_term = 1.0 if p99_ms <= 0 else min(1.0, p99_target_ms / p99_ms)
+    return round(0.4 * qps_term + 0.3 * p99_term + 0.2 * min(1.0, max(0.0, util))
+                 + 0.1 * min(1.0, max(0.0, mem_headroom)), 4)

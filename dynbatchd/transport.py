@@ -1,0 +1,166 @@
+"""ZeroMQ on the event loop: the request front end and the control socket.
+
+Knows messages, not batching: it decodes and validates frames into protocol
+structs and hands them on, and it sends replies back by ZeroMQ identity. A
+malformed message is answered with ``bad_request`` here and goes no further.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+import msgspec
+import zmq
+
+from dynbatchd import protocol as P
+
+log = logging.getLogger(__name__)
+
+DRAIN_LIMIT = 512  # messages read per loop turn before yielding to other work
+
+
+class LoopSocket:
+    """A ZeroMQ socket driven by the event loop's reader callbacks.
+
+    ZeroMQ's file descriptor is edge-triggered and is also consumed by sends,
+    so the socket is drained until empty on every wake-up and re-checked
+    after every send burst (`kick`).
+    """
+
+    def __init__(self, sock: zmq.Socket, on_batch: Callable[[list[list[bytes]]], None]):
+        self.sock = sock
+        self.on_batch = on_batch
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._kicked = False
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        loop.add_reader(self.sock.getsockopt(zmq.FD), self._drain)
+        loop.call_soon(self._drain)
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.remove_reader(self.sock.getsockopt(zmq.FD))
+            self._loop = None
+
+    def _drain(self) -> None:
+        self._kicked = False
+        if self._loop is None:
+            return
+        batch = []
+        recv = self.sock.recv_multipart
+        try:
+            while len(batch) < DRAIN_LIMIT:
+                batch.append(recv(zmq.NOBLOCK))
+        except zmq.Again:
+            pass
+        if batch:
+            self.on_batch(batch)
+        if len(batch) >= DRAIN_LIMIT:
+            self.kick()
+        elif self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self.kick()
+
+    def kick(self) -> None:
+        """Look for messages again soon: a send may have swallowed the readable edge."""
+        if not self._kicked and self._loop is not None:
+            self._kicked = True
+            self._loop.call_soon(self._drain)
+
+    def send(self, frames: list[Any]) -> None:
+        try:
+            self.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            log.warning("reply dropped: peer's queue is full")
+        self.kick()
+
+
+def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
+    """ROUTER frames -> (envelope, body). REQ clients put an empty delimiter after their identity."""
+    if len(frames) >= 2 and frames[1] == b"":
+        return frames[:2], frames[2:]
+    return frames[:1], frames[1:]
+
+
+RequestHandler = Callable[[list[bytes], P.Request, list[bytes]], None]
+
+
+class FrontEnd:
+    """The request socket (ROUTER): decode, validate, hand on; encode and route replies."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, max_request_bytes: int, handler: RequestHandler):
+        sock = ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 2000)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        # Hard stop far above the policy limit; the policy limit gets a polite reply.
+        sock.setsockopt(zmq.MAXMSGSIZE, max(max_request_bytes * 4, 1 << 20))
+        sock.bind(endpoint)
+        self.endpoint = endpoint
+        self.max_request_bytes = max_request_bytes
+        self.handler = handler
+        self.io = LoopSocket(sock, self._on_batch)
+        self.dropped = 0      # messages with no body to answer
+        self.bad_requests = 0
+
+    def _on_batch(self, batch: list[list[bytes]]) -> None:
+        decode = P.request_decoder.decode
+        for frames in batch:
+            envelope, body = split_envelope(frames)
+            if not body:
+                self.dropped += 1
+                continue
+            size = sum(map(len, body))
+            if size > self.max_request_bytes:
+                self.reject(envelope, _guess_id(body[0]), P.BAD_REQUEST,
+                            f"request of {size} bytes exceeds max_request_bytes ({self.max_request_bytes})")
+                continue
+            try:
+                request = decode(body[0])
+            except msgspec.DecodeError as exc:
+                self.reject(envelope, _guess_id(body[0]), P.BAD_REQUEST, f"malformed request header: {exc}")
+                continue
+            problem = validate(request, body[1:])
+            if problem:
+                self.reject(envelope, request.id, P.BAD_REQUEST, problem)
+                continue
+            self.handler(envelope, request, body[1:])
+
+    def reject(self, envelope: list[bytes], req_id: Any, code: str, message: str) -> None:
+        if code == P.BAD_REQUEST:
+            self.bad_requests += 1
+        self.reply(envelope, P.Reply(req_id, False, error=P.ErrorInfo(code, message)))
+
+    def reply(self, envelope: list[bytes], reply: P.Reply, frames: tuple = ()) -> None:
+        self.io.send([*envelope, P.encoder.encode(reply), *frames])
+
+
+def validate(request: P.Request, frames: list[bytes]) -> str | None:
+    """Why `request` cannot be served, or None. Checks shape only; the model checks content."""
+    if request.v != P.PROTOCOL_VERSION:
+        return f"protocol version {request.v} is not supported (this daemon speaks {P.PROTOCOL_VERSION})"
+    given = (request.text is not None) + (request.tensor is not None) + (request.value is not None)
+    if given != 1:
+        return "a request needs exactly one input: text, tensor or value"
+    if request.tensor is not None:
+        return P.check_tensor(request.tensor, [len(f) for f in frames])
+    if request.tokens is not None and request.tokens < 0:
+        return "tokens must be >= 0"
+    if request.deadline_ms is not None and not request.deadline_ms > 0:
+        return "deadline_ms must be > 0"
+    return None
+
+
+def _guess_id(header: bytes) -> Any:
+    """Best effort: the id of a request whose header failed validation, so the client can match the error."""
+    try:
+        raw = msgspec.msgpack.decode(header)
+    except msgspec.DecodeError:
+        return None
+    if isinstance(raw, dict):
+        rid = raw.get("id")
+        if isinstance(rid, (int, str)) and not isinstance(rid, bool):
+            return rid
+    return None

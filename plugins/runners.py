@@ -1,0 +1,17 @@
+"""Model runners shipped with dynbatchd: sentence-embedding, callable, simulated, noop."""
+
+from __future__ import annotations
+
+from dynbatchd.hookspecs import hookimpl
+
+
+@hookimpl
+def dynbatchd_runners():
+    # Imported lazily by the runner itself: torch loads only in worker processes.
+    from dynbatchd.devices import runners
+    return {
+        "sentence-embedding": runners.SentenceEmbeddingRunner,
+        "callable": runners.CallableRunner,
+        "simulated": runners.SimulatedRunner,
+        "noop": runners.NoopRunner,
+    }
