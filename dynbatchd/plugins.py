@@ -33,9 +33,10 @@ class PluginInfo:
 
 
 class Plugins:
-    def __init__(self, pm: pluggy.PluginManager, broken: dict[str, str]):
+    def __init__(self, pm: pluggy.PluginManager, broken: dict[str, str], sources: dict[str, str]):
         self.pm = pm
         self.broken = broken
+        self.sources = sources
         self._admission_hooks = bool(pm.hook.dynbatchd_admit.get_hookimpls())
 
     # -- building ---------------------------------------------------------
@@ -44,6 +45,7 @@ class Plugins:
         pm = pluggy.PluginManager(hookspecs.PROJECT)
         pm.add_hookspecs(hookspecs)
         broken: dict[str, str] = {}
+        sources: dict[str, str] = {}
         for ep in entry_points(group=entry_point_group):
             if pm.get_plugin(ep.name) is not None:
                 continue
@@ -54,22 +56,21 @@ class Plugins:
                 log.error("plugin %s failed to load and is skipped: %s", ep.name, exc)
                 continue
             pm.register(module, name=ep.name)
+            sources[ep.name] = f"{ep.dist.name} {ep.dist.version}" if ep.dist else ""
         for plugin in extra or ():
             pm.register(plugin)
         try:
             pm.check_pending()
         except pluggy.PluginValidationError as exc:
             raise PluginError(str(exc)) from None
-        return cls(pm, broken)
+        return cls(pm, broken, sources)
 
     def describe(self) -> list[PluginInfo]:
-        dists = {p: d.project_name if hasattr(d, "project_name") else d.metadata["name"]
-                 for p, d in self.pm.list_plugin_distinfo()}
         out = []
         for name, plugin in sorted(self.pm.list_name_plugin(), key=lambda x: x[0]):
             hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or ()))
             out.append(PluginInfo(name, getattr(plugin, "__name__", type(plugin).__name__),
-                                  hooks, dists.get(plugin, "")))
+                                  hooks, self.sources.get(name, "")))
         return out
 
     # -- one method per hook ------------------------------------------------

@@ -98,6 +98,12 @@ def infer(ctx: typer.Context, model: str, text: str,
               f"compute {timing['compute_ms']:.2f} ms, total {timing['total_ms']:.2f} ms{label}", highlight=False)
 
 
+def _window_text(w: dict[str, Any]) -> str:
+    """`fixed 30ms`, `pattern:burst 30ms`: the policy, its traffic class if any, the window now."""
+    text = w.get("policy", "?") + (f":{w['traffic']}" if w.get("traffic") else "")
+    return text + (f" {w['window_ms']:.0f}ms" if isinstance(w.get("window_ms"), (int, float)) else "")
+
+
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
@@ -113,16 +119,14 @@ def status(ctx: typer.Context, as_json: bool = JsonOption) -> None:
     out.print(f"[bold]dynbatchd {d['version']}[/bold] pid {d['pid']} [green]{d['state']}[/green] "
               f"up {d['uptime_s']:.0f} s, {d['listen']}  bad requests {d['bad_requests']}", highlight=False)
     table = Table(title="channels")
-    for col in ("channel", "queue", "batches", "mean batch", "fill", "p50 ms", "p99 ms", "overloaded",
-                "refused", "deadline misses", "window"):
-        table.add_column(col, justify="left" if col in ("channel", "window") else "right")
+    for col in ("channel", "queue", "batches", "size", "fill", "p50 ms", "p99 ms", "overload", "refused",
+                "missed", "window"):
+        table.add_column(col, justify="left" if col in ("channel", "window") else "right", no_wrap=True)
     for name, c in data["channels"].items():
-        w = c["window"]
-        wdesc = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in w.items() if k != "sizer")
         table.add_row(name, str(c["queue_depth"]), str(c["batches"]), f"{c['mean_batch']:.1f}/{c['max_batch']}",
                       _pct(c["fill_rate"]), f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
                       str(c["rejected"]["overloaded"]), str(c["rejected"]["refused"]),
-                      str(c["deadline_misses"]), wdesc)
+                      str(c["deadline_misses"]), _window_text(c["window"]))
     out.print(table)
     dev = Table(title="devices")
     for col in ("device", "pid", "state", "in flight", "batches", "items", "busy", "restarts"):

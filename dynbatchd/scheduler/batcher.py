@@ -127,7 +127,7 @@ class Scheduler:
                 if at <= now_ns:
                     at = NEVER
                 if not channel.settings.run_late:
-                    at = min(at, lane.head_deadline() - one)
+                    at = min(at, lane.head_deadline() - one + 1)  # first instant it is hopeless
                 soonest = min(soonest, at)
         return None if soonest == NEVER else max(soonest, now_ns)
 

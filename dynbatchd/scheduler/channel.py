@@ -117,7 +117,7 @@ class Channel:
         horizon = now_ns + self.cost.estimate_ns(1)
         for lane in self.lanes.values():
             moved = False
-            while lane.heap and lane.heap[0][0] <= horizon:
+            while lane.heap and lane.heap[0][0] < horizon:
                 out.append(lane.pop())
                 self.depth -= 1
                 self.stats.expired += 1

@@ -1,0 +1,199 @@
+"""Scheduler rules against a fake clock: no sockets, no sleeps, exact times."""
+
+from __future__ import annotations
+
+import itertools
+
+from dynbatchd.config import ChannelSettings
+from dynbatchd.scheduler import MS, Item, Scheduler, build_channels
+
+_keys = itertools.count(1)
+
+
+def make(**channels: ChannelSettings) -> Scheduler:
+    return Scheduler(build_channels(channels))
+
+
+def item(channel: str, at_ms: float, *, deadline_ms: float = 1000, model: str = "m", tokens: int = 0,
+         tenant: str | None = None) -> Item:
+    at = int(at_ms * MS)
+    return Item(next(_keys), model, at, at + int(deadline_ms * MS), tokens, tenant, None, channel)
+
+
+def submit_all(s: Scheduler, items: list[Item]) -> None:
+    for it in items:
+        assert s.submit(it, it.arrival_ns)
+
+
+def test_batch_closes_when_full_before_window():
+    s = make(c=ChannelSettings(max_batch=4, window_ms=100))
+    submit_all(s, [item("c", 0), item("c", 1), item("c", 2)])
+    assert s.poll(2 * MS, free_slots=1).batches == []
+    submit_all(s, [item("c", 3)])
+    [batch] = s.poll(3 * MS, free_slots=1).batches
+    assert len(batch.items) == 4 and batch.formed_ns == 3 * MS
+
+
+def test_batch_closes_when_window_expires_and_not_before():
+    s = make(c=ChannelSettings(max_batch=8, window_ms=30))
+    submit_all(s, [item("c", 0), item("c", 10)])
+    assert s.next_wakeup(10 * MS, free_slots=1) == 30 * MS
+    assert s.poll(29 * MS, free_slots=1).batches == []
+    [batch] = s.poll(30 * MS, free_slots=1).batches
+    assert [it.arrival_ns for it in batch.items] == [0, 10 * MS]
+
+
+def test_no_free_slot_means_no_batch_and_ready_lane_does_not_spin():
+    s = make(c=ChannelSettings(max_batch=2, window_ms=10))
+    submit_all(s, [item("c", 0, deadline_ms=500), item("c", 0, deadline_ms=500)])
+    assert s.poll(0, free_slots=0).batches == []
+    # Ready and waiting for a slot: the only timed event left is its expiry.
+    assert s.next_wakeup(0, free_slots=0) == 500 * MS + 1
+    assert len(s.poll(1 * MS, free_slots=1).batches) == 1
+
+
+def test_earliest_deadline_first_across_channels():
+    s = make(slow=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=900),
+             fast=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=50))
+    submit_all(s, [item("slow", 0, deadline_ms=900), item("fast", 5, deadline_ms=50)])
+    first, second = s.poll(5 * MS, free_slots=2).batches
+    assert (first.channel, second.channel) == ("fast", "slow")
+
+
+def test_deadline_order_within_a_channel():
+    s = make(c=ChannelSettings(max_batch=2, window_ms=0))
+    late, urgent, mid = item("c", 0, deadline_ms=900), item("c", 1, deadline_ms=20), item("c", 2, deadline_ms=100)
+    submit_all(s, [late, urgent, mid])
+    batch = s.poll(2 * MS, free_slots=1).batches[0]
+    assert batch.items == [urgent, mid]
+
+
+def test_isolated_channel_never_mixes_tenants_or_channels():
+    s = make(bank=ChannelSettings(max_batch=8, window_ms=0, isolated=True),
+             std=ChannelSettings(max_batch=8, window_ms=0))
+    submit_all(s, [item("bank", 0, tenant="a"), item("bank", 0, tenant="b"), item("bank", 0, tenant="a"),
+                   item("std", 0, tenant="a"), item("std", 0, tenant="b")])
+    batches = s.poll(0, free_slots=5).batches
+    groups = sorted((b.channel, tuple(sorted({i.tenant for i in b.items})), len(b.items)) for b in batches)
+    assert groups == [("bank", ("a",), 2), ("bank", ("b",), 1), ("std", ("a", "b"), 2)]
+
+
+def test_models_never_share_a_batch():
+    s = make(c=ChannelSettings(max_batch=8, window_ms=0))
+    submit_all(s, [item("c", 0, model="x"), item("c", 0, model="y"), item("c", 0, model="x")])
+    batches = s.poll(0, free_slots=4).batches
+    assert sorted((b.model, len(b.items)) for b in batches) == [("x", 2), ("y", 1)]
+
+
+def test_bounded_queue_rejects_when_full():
+    s = make(c=ChannelSettings(max_batch=8, window_ms=50, queue_limit=2))
+    assert s.submit(item("c", 0), 0) and s.submit(item("c", 0), 0)
+    assert not s.submit(item("c", 0), 0)
+    assert s.channels["c"].stats.overloaded == 1 and s.depth() == 2
+
+
+def test_expired_requests_are_returned_not_run():
+    s = make(c=ChannelSettings(max_batch=8, window_ms=500, deadline_ms=600))
+    old = item("c", 0, deadline_ms=100)
+    fresh = item("c", 50, deadline_ms=600)
+    submit_all(s, [old, fresh])
+    # The device stays busy: the old request cannot start before its deadline.
+    assert s.next_wakeup(50 * MS, free_slots=0) == 100 * MS + 1
+    assert s.poll(100 * MS, free_slots=0).expired == []
+    decision = s.poll(100 * MS + 1, free_slots=0)
+    assert decision.expired == [old] and decision.batches == []
+    assert s.channels["c"].stats.expired == 1 and s.depth() == 1
+
+
+def test_run_late_channel_runs_expired_requests_at_once():
+    s = make(c=ChannelSettings(max_batch=8, window_ms=500, deadline_ms=600, run_late=True))
+    late = item("c", 0, deadline_ms=100)
+    submit_all(s, [late])
+    decision = s.poll(200 * MS, free_slots=1)
+    assert decision.expired == [] and decision.batches[0].items == [late]
+
+
+def test_closes_early_when_waiting_would_miss_the_deadline():
+    s = make(c=ChannelSettings(max_batch=8, window_ms=100, deadline_ms=1000))
+    s.channels["c"].cost.observe(1, 0, 20 * MS)   # the device takes 20 ms per batch
+    submit_all(s, [item("c", 0, deadline_ms=50)])
+    # Must start by 50 - 20 = 30 ms, well before the 100 ms window ends.
+    assert s.next_wakeup(0, free_slots=1) == 30 * MS
+    assert s.poll(29 * MS, free_slots=1).batches == []
+    assert len(s.poll(30 * MS, free_slots=1).batches) == 1
+
+
+def test_token_cap_closes_and_limits_a_batch():
+    s = make(c=ChannelSettings(max_batch=32, window_ms=100, max_tokens=1000))
+    submit_all(s, [item("c", 0, tokens=400), item("c", 1, tokens=400), item("c", 2, tokens=400)])
+    [batch] = s.poll(2 * MS, free_slots=1).batches
+    assert batch.tokens == 800 and len(batch.items) == 2
+
+
+def test_drain_makes_everything_ready():
+    s = make(c=ChannelSettings(max_batch=32, window_ms=1000))
+    submit_all(s, [item("c", 0)])
+    assert s.poll(0, free_slots=1).batches == []
+    s.drain()
+    assert len(s.poll(0, free_slots=1).batches) == 1
+
+
+def test_requeued_items_run_again_first():
+    s = make(c=ChannelSettings(max_batch=2, window_ms=0))
+    a, b = item("c", 0), item("c", 0)
+    submit_all(s, [a, b])
+    [batch] = s.poll(0, free_slots=1).batches
+    s.requeue(batch.items)
+    [again] = s.poll(1 * MS, free_slots=1).batches
+    assert again.items == [a, b] and a.retries == 1
+
+
+def test_minimum_share_lets_a_starved_channel_through():
+    s = make(hot=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=10_000, priority=5),
+             cold=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=60_000, min_share=0.2))
+    for t in range(20):
+        s.submit(item("hot", t, deadline_ms=100), t * MS)
+    s.submit(item("cold", 0, deadline_ms=60_000), 0)
+    picked = [s.poll((20 + t) * MS, free_slots=1).batches[0].channel for t in range(6)]
+    # Without a minimum share, cold (later deadline) would wait behind all 20 hot requests.
+    assert "cold" in picked
+
+
+def test_completed_batches_teach_the_cost_model():
+    s = make(c=ChannelSettings(max_batch=32, window_ms=0))
+    for n in (1, 4, 16, 32):
+        submit_all(s, [item("c", 0) for _ in range(n)])
+        [batch] = s.poll(0, free_slots=1).batches
+        s.completed(batch, int((8 + 0.5 * n) * MS), 0)
+    cost = s.channels["c"].cost
+    assert abs(cost.estimate_ns(32) - 24 * MS) < 0.01 * MS
+    assert abs(cost.estimate_ns(1) - 8.5 * MS) < 0.01 * MS
+
+
+def test_out_of_memory_lowers_the_channel_limit():
+    s = make(c=ChannelSettings(max_batch=32, window_ms=0))
+    submit_all(s, [item("c", 0) for _ in range(32)])
+    [batch] = s.poll(0, free_slots=1).batches
+    s.out_of_memory(batch)
+    assert s.channels["c"].sizer.max_batch() == 16
+
+
+def test_thousands_of_arrivals_replay_fast_and_every_request_is_accounted_for():
+    s = make(c=ChannelSettings(max_batch=16, window_ms=5, deadline_ms=40, queue_limit=64))
+    now, done, expired, rejected, busy_until = 0, 0, 0, 0, 0
+    for k in range(5000):
+        now = k * MS // 2   # 2000 req/s into a device that does 16 per 10 ms = 1600/s
+        if not s.submit(item("c", now / MS, deadline_ms=40), now):
+            rejected += 1
+        free = 1 if now >= busy_until else 0
+        d = s.poll(now, free)
+        expired += len(d.expired)
+        for b in d.batches:
+            busy_until = now + 10 * MS
+            done += len(b.items)
+    s.drain()
+    d = s.poll(now + 10 * MS, 1)
+    done += sum(len(b.items) for b in d.batches)
+    expired += len(d.expired)
+    assert done + expired + rejected + s.depth() == 5000
+    assert rejected > 0 and done > 3000
