@@ -112,8 +112,9 @@ class Scheduler:
     def next_wakeup(self, now_ns: int, free_slots: int) -> int | None:
         """The earliest future time a poll could change something: a window end, an urgency or an expiry.
 
-        Lanes already ready are waiting for a device slot, not for time, so only
-        their expiry counts; a finished batch is the caller's cue to poll again.
+        Lanes already ready (or any lane, when no slot is free) wait for a device
+        slot, not for time, so only their expiry counts; a finished batch is the
+        caller's cue to poll again.
         """
         soonest = NEVER
         for channel in self.channels.values():
@@ -123,7 +124,7 @@ class Scheduler:
             for lane in channel.lanes.values():
                 if not lane.heap:
                     continue
-                at = channel.ready_at(lane, now_ns, free_slots, self.draining)
+                at = channel.ready_at(lane, now_ns, free_slots, self.draining) if free_slots else NEVER
                 if at <= now_ns:
                     at = NEVER
                 if not channel.settings.run_late:
