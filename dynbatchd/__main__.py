@@ -1,0 +1,5 @@
+"""`python -m dynbatchd` is `dynbatchd`."""
+
+from dynbatchd.cli.dynbatchd import main
+
+main()

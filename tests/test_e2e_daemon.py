@@ -1,0 +1,206 @@
+"""The daemon end to end, in a subprocess, over real ZeroMQ sockets (simulated and callable models)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+import zmq
+
+from dynbatchd import protocol as P
+from dynbatchd.client import (BadRequest, Client, DeadlineExceeded, ModelError, Overloaded, Refused,
+                              UnknownModel, build_request, parse_reply)
+from conftest import SIMULATED, start_daemon
+
+
+def raw_exchange(endpoint: str, frames: list, timeout_ms: int = 10_000) -> list[bytes] | None:
+    """Send raw frames on a fresh DEALER; return the reply frames, or None if none came."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(frames)
+        return sock.recv_multipart() if sock.poll(timeout_ms) else None
+    finally:
+        sock.close()
+
+
+def error_of(frames: list[bytes]) -> tuple[object, str]:
+    reply = P.reply_decoder.decode(frames[0])
+    assert not reply.ok
+    return reply.id, reply.error.code
+
+
+def test_simulated_reply_carries_own_output_and_timing(sim_daemon):
+    with Client(sim_daemon.endpoint) as client:
+        result = client.infer_result("sim", "abcdef", tokens=7)
+    assert result.output.tolist() == [6.0, 7.0]        # [input length, tokens]: this request's own answer
+    assert result.timing.simulated and result.timing.channel == "standard"
+    assert result.timing.batch_size >= 1 and result.timing.total_us >= result.timing.compute_us
+
+
+def test_routing_sends_urgent_to_realtime(sim_daemon):
+    with Client(sim_daemon.endpoint) as client:
+        assert client.infer_result("sim", "x", tags=["urgent"]).timing.channel == "realtime"
+        assert client.infer_result("sim", "x").timing.channel == "standard"
+
+
+@pytest.mark.parametrize("frames, code", [
+    ([b"\xc1\x00garbage"], P.BAD_REQUEST),                                            # not msgpack
+    ([msgspec.msgpack.encode({"id": 1, "model": 5, "text": "x"})], P.BAD_REQUEST),    # wrong type
+    ([msgspec.msgpack.encode({"id": 2, "model": "sim"})], P.BAD_REQUEST),             # no input
+    ([msgspec.msgpack.encode({"id": 3, "model": "sim", "text": "a", "value": 1})], P.BAD_REQUEST),
+    ([msgspec.msgpack.encode({"id": 4, "model": "sim", "tensor": {"dtype": "float32", "shape": [4], "frame": 0}}),
+      b"\x00" * 15], P.BAD_REQUEST),                                                  # frame size mismatch
+    ([msgspec.msgpack.encode({"id": 5, "model": "sim", "text": "a", "v": 99})], P.BAD_REQUEST),
+    ([msgspec.msgpack.encode({"id": 6, "model": "nope", "text": "a"})], P.UNKNOWN_MODEL),
+    ([msgspec.msgpack.encode({"id": 7, "model": "sim", "text": "a" * (2 << 20)})], P.BAD_REQUEST),  # oversized
+])
+def test_bad_input_gets_an_error_reply_and_the_daemon_keeps_serving(sim_daemon, frames, code):
+    reply = raw_exchange(sim_daemon.endpoint, frames)
+    assert reply is not None, "no reply to a bad request"
+    req_id, got = error_of(reply)
+    assert got == code
+    with Client(sim_daemon.endpoint) as client:
+        assert client.infer("sim", "still alive").tolist() == [11.0, 3.0]
+
+
+def test_unknown_model_and_bad_request_raise_typed_errors(sim_daemon):
+    with Client(sim_daemon.endpoint) as client:
+        with pytest.raises(UnknownModel) as info:
+            client.infer("missing", "x")
+        assert info.value.code == "unknown_model"
+        with pytest.raises(BadRequest):
+            client.infer("sim", "x", deadline_ms=-1)
+
+
+def test_tensor_input_travels_as_raw_frame(sim_daemon):
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    frames = build_request(41, "echo", arr)
+    reply, output = parse_reply(raw_exchange(sim_daemon.endpoint, frames))
+    assert reply.ok and reply.id == 41
+    assert np.array_equal(output, arr)
+
+
+def test_one_failing_input_does_not_harm_its_batch(sim_daemon):
+    with Client(sim_daemon.endpoint) as client:
+        futures = [client.submit("echo", text) for text in ("a", "fail", "b", "c")]
+        outcomes = []
+        for f in futures:
+            try:
+                outcomes.append(f.result(timeout=30).output)
+            except ModelError:
+                outcomes.append("model_error")
+    assert outcomes == ["a", "model_error", "b", "c"]
+
+
+def test_regulated_tag_outside_isolated_channel_is_refused(sim_daemon):
+    with Client(sim_daemon.endpoint) as client:
+        # banking routes to the isolated vault channel: allowed.
+        assert client.infer_result("sim", "x", tags=["banking"], tenant="t1").timing.channel == "vault"
+        # medical has no routing rule, lands in standard (not isolated): refused with the rule's reason.
+        with pytest.raises(Refused, match="isolated"):
+            client.infer("sim", "x", tags=["medical"])
+
+
+def test_expired_request_is_answered_deadline_exceeded(sim_daemon):
+    with Client(sim_daemon.endpoint) as client:
+        with pytest.raises(DeadlineExceeded):
+            client.infer("sim", "x", deadline_ms=0.001)
+
+
+def test_status_reports_channels_and_devices(sim_daemon):
+    with Client(sim_daemon.endpoint) as client:
+        client.infer("sim", "warm")
+    status = sim_daemon.status()
+    assert status["daemon"]["state"] == "serving"
+    std = status["channels"]["standard"]
+    for key in ("queue_depth", "batches", "mean_batch", "fill_rate", "p50_ms", "p99_ms", "rejected", "deadline_misses"):
+        assert key in std
+    assert std["batches"] >= 1
+    [device] = status["devices"]
+    assert device["device"] == "cpu" and device["pid"] > 0 and device["simulated"]
+
+
+def test_dynbatchctl_status_and_plugins_json(sim_daemon):
+    def ctl(*args):
+        out = subprocess.run([str(Path(sys.executable).parent / "dynbatchctl"), "--control", sim_daemon.control,
+                              *args], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+    status = json.loads(ctl("status", "--json"))
+    assert set(status["channels"]) == {"standard", "realtime", "vault"}
+    plugins = json.loads(ctl("plugins", "--json"))
+    assert {"routing", "windows", "compliance", "runners", "sizing"} <= {p["name"] for p in plugins["loaded"]}
+    assert "simulated" in plugins["runners"]
+    assert "channels" in ctl("status")  # the rich table for people
+
+
+def test_tune_changes_a_channel_and_rejects_broken_values(sim_daemon):
+    new = sim_daemon.call("tune", channel="realtime", window_ms=2.0)
+    assert new["window_ms"] == 2.0
+    assert sim_daemon.status()["channels"]["realtime"]["window"]["window_ms"] == 2.0
+    with pytest.raises(Exception, match="max_batch"):
+        sim_daemon.call("tune", channel="realtime", max_batch=0)
+
+
+def test_overload_is_answered_not_dropped(tmp_path):
+    daemon = start_daemon(tmp_path, """
+        [models.slow]
+        runner = "simulated"
+        options = { base_ms = 50.0 }
+        [channels.standard]
+        max_batch = 1
+        window_ms = 0
+        deadline_ms = 60000
+        queue_limit = 4
+        [routing]
+        default = "standard"
+    """)
+    try:
+        with Client(daemon.endpoint) as client:
+            futures = [client.submit("slow", "x") for _ in range(30)]
+            codes = []
+            for f in futures:
+                try:
+                    f.result(timeout=60)
+                    codes.append("ok")
+                except Overloaded:
+                    codes.append("overloaded")
+        assert len(codes) == 30 and codes.count("overloaded") > 0 and codes.count("ok") >= 4
+        assert daemon.status()["channels"]["standard"]["rejected"]["overloaded"] == codes.count("overloaded")
+    finally:
+        assert daemon.stop() == 0
+
+
+def test_sigterm_drains_every_accepted_request(tmp_path):
+    daemon = start_daemon(tmp_path, SIMULATED)
+    with Client(daemon.endpoint) as client:
+        futures = [client.submit("sim", f"r{i}") for i in range(200)]
+        # Stop once the daemon has accepted everything (its status counts them), not after a guess.
+        deadline = time.monotonic() + 30
+        while sum(c["accepted"] for c in daemon.status()["channels"].values()) < 200:
+            assert time.monotonic() < deadline
+        assert daemon.stop() == 0
+        answered = [f.result(timeout=30) for f in futures]
+    assert len(answered) == 200
+    assert [r.output.tolist()[0] for r in answered] == [len(f"r{i}") for i in range(200)]
+
+
+def test_a_worker_that_dies_is_restarted_and_its_requests_answered(tmp_path):
+    daemon = start_daemon(tmp_path, SIMULATED)
+    try:
+        with Client(daemon.endpoint) as client:
+            with pytest.raises(ModelError, match="died"):
+                client.infer("echo", "crash", timeout=60)
+            assert client.infer("echo", "after", timeout=120) == "after"
+        [device] = daemon.status()["devices"]
+        assert device["restarts"] >= 1 and device["state"] == "ready"
+    finally:
+        daemon.stop()
