@@ -128,17 +128,28 @@ def _key_from_path(path: str) -> str:
     return path.lstrip(".")
 
 
-def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
-    """Validate a TOML-shaped mapping; structural errors only (see `validate`)."""
+def _convert(data: Any, typ: type, source: str, prefix: str = "") -> Any:
+    """msgspec.convert, with its error turned into a ConfigError naming the full key."""
     try:
-        cfg = msgspec.convert({**data, "source": source}, Config)
+        return msgspec.convert(data, typ)
     except msgspec.ValidationError as exc:
         text = str(exc)
         match = _PATH_RE.search(text)
-        key = _key_from_path(match["path"]) if match else ""
+        path = _key_from_path(match["path"]) if match else ""
+        key = ".".join(p for p in (prefix, path) if p).replace(".[", "[")
         rule = _PATH_RE.sub("", text)
-        rule = rule[0].lower() + rule[1:] if rule else rule
-        raise ConfigError(source, key, rule) from None
+        raise ConfigError(source, key, rule[:1].lower() + rule[1:]) from None
+
+
+def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
+    """Validate a TOML-shaped mapping: structure here, cross-references in `_check_references`."""
+    data = dict(data)
+    # Tables keyed by user-chosen names are converted entry by entry so an error names the entry.
+    for section, typ in (("models", ModelSettings), ("channels", ChannelSettings)):
+        table = data.get(section)
+        if isinstance(table, dict):
+            data[section] = {name: _convert(sub, typ, source, f"{section}.{name}") for name, sub in table.items()}
+    cfg = _convert({**data, "source": source}, Config, source)
     _check_references(cfg)
     return cfg
 

@@ -1,0 +1,82 @@
+"""The bundled MiniLM model served end to end, and many clients at once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from dynbatchd import protocol as P
+from dynbatchd.client import AsyncClient, Client, build_request
+
+
+def test_real_embeddings_are_384_normalised_floats_with_meaning(minilm_daemon):
+    with Client(minilm_daemon.endpoint) as client:
+        texts = ["A man is playing a guitar.", "Someone strums a guitar.", "The stock market fell sharply today."]
+        a, b, c = (client.infer("minilm", t) for t in texts)
+    assert a.shape == (384,) and a.dtype == np.float32
+    assert abs(float(np.linalg.norm(a)) - 1.0) < 1e-4
+    assert float(a @ b) > float(a @ c) + 0.2   # paraphrases are closer than unrelated sentences
+
+
+def test_dynbatchctl_infer_prints_embedding_and_timing(minilm_daemon):
+    out = subprocess.run([str(Path(sys.executable).parent / "dynbatchctl"), "--endpoint", minilm_daemon.endpoint,
+                          "infer", "minilm", "some text", "--json"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert len(data["output"]) == 384
+    assert data["timing"]["batch_size"] >= 1 and data["timing"]["compute_ms"] > 0
+    assert data["timing"]["simulated"] is False
+
+
+async def _one_client(endpoint: str, client_no: int, count: int) -> list[tuple[int, P.Reply]]:
+    """Raw DEALER: all requests in flight at once, replies matched by id afterwards."""
+    ctx = zmq.asyncio.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    ids = [client_no * 100_000 + i for i in range(count)]
+    for rid in ids:
+        await sock.send_multipart(build_request(rid, "minilm", f"client {client_no} sentence number {rid % 97}"))
+    replies = []
+    while len(replies) < count:
+        if not await sock.poll(60_000):
+            break
+        frames = await sock.recv_multipart()
+        replies.append((client_no, P.reply_decoder.decode(frames[0])))
+    # Any extra (duplicate) reply would arrive now.
+    while await sock.poll(200):
+        frames = await sock.recv_multipart()
+        replies.append((client_no, P.reply_decoder.decode(frames[0])))
+    sock.close()
+    return replies
+
+
+def test_2000_requests_from_8_clients_answered_exactly_once_in_real_batches(minilm_daemon):
+    async def run():
+        return await asyncio.gather(*(_one_client(minilm_daemon.endpoint, c, 250) for c in range(8)))
+
+    per_client = asyncio.run(run())
+    for client_no, replies in enumerate(per_client):
+        ids = Counter(r.id for _, r in replies)
+        assert sorted(ids) == [client_no * 100_000 + i for i in range(250)], "a client got someone else's or lost replies"
+        assert set(ids.values()) == {1}, "a request was answered twice"
+        assert all(r.ok for _, r in replies)
+    sizes = [r.timing.batch_size for replies in per_client for _, r in replies]
+    assert max(sizes) > 1
+
+
+def test_async_client_many_in_flight(minilm_daemon):
+    async def run():
+        async with AsyncClient(minilm_daemon.endpoint) as client:
+            return await asyncio.gather(*(client.infer("minilm", f"text {i}") for i in range(20)))
+
+    outs = asyncio.run(run())
+    assert len(outs) == 20 and all(o.shape == (384,) for o in outs)
