@@ -1,0 +1,186 @@
+"""The discrete-event simulator: the real scheduler on a virtual clock (no sleeps, no sockets)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings, WindowSettings
+from dynbatchd.plugins import Plugins
+from dynbatchd.simulate import (COMPLETED, EXPIRED, FAILED, MS, OVERLOADED, Arrival, DeviceModel,
+                                SimulationError, as_arrival, simulate)
+
+DEV = DeviceModel(base_ms=8.0, per_item_ms=0.5)   # 24 ms for a batch of 32
+
+
+def ch(**kw) -> ChannelSettings:
+    kw.setdefault("max_batch", 32)
+    kw.setdefault("window_ms", 10)
+    return ChannelSettings(**kw)
+
+
+def mixed_trace(n: int = 3000, rate: float = 1500.0, seed: int = 7) -> list[Arrival]:
+    rng = random.Random(seed)
+    t, out = 0, []
+    for _ in range(n):
+        t += int(rng.expovariate(rate) * 1e9)
+        out.append(Arrival(t, rng.choice([50, 400, 3000, 12000]), tags=("urgent",) if rng.random() < 0.1 else (),
+                           tenant=rng.choice("ab")))
+    return out
+
+
+def test_64_at_once_make_two_full_batches_at_24_and_48_ms():
+    r = simulate({"standard": ch()}, [(0, 100, "standard")] * 64, device=DEV)
+    assert [(b.size, b.formed_ns, b.start_ns, b.end_ns) for b in r.batches] == [
+        (32, 0, 0, 24 * MS), (32, 0, 24 * MS, 48 * MS)]
+    assert sorted(set(r.latency_ns)) == [24 * MS, 48 * MS]
+    assert r.counts()["completed"] == 64
+    assert r.utilisation() == 1.0
+    total = r.total()
+    assert total.p50_ms == 24.0 and total.p99_ms == 48.0
+
+
+def test_window_expiry_and_per_token_cost_are_exact():
+    dev = DeviceModel(base_ms=8.0, per_item_ms=0.5, per_token_ms=0.001)
+    r = simulate({"standard": ch(window_ms=10)}, [(0, 1000, "standard"), (2 * MS, 3000, "standard")], device=dev)
+    (b,) = r.batches
+    # window 10 ms from the oldest arrival; 8 + 0.5·2 + 0.001·4000 = 13 ms of compute
+    assert (b.formed_ns, b.end_ns, b.compute_ns) == (10 * MS, 23 * MS, 13 * MS)
+    assert r.latency_ns == [23 * MS, 21 * MS]
+
+
+def test_two_devices_run_in_parallel_and_inflight_queues_on_one():
+    both = simulate({"s": ch()}, [(0, 0, "s")] * 64, device=DEV, devices=2, inflight=1)
+    assert sorted((b.device, b.end_ns) for b in both.batches) == [(0, 24 * MS), (1, 24 * MS)]
+    assert both.utilisation() == 1.0
+
+
+def test_every_request_is_answered_exactly_once_under_overload_and_expiry():
+    channels = {"realtime": ch(max_batch=16, window_ms=30, deadline_ms=200, queue_limit=64, priority=2),
+                "standard": ch(max_batch=32, window_ms=100, deadline_ms=1000, queue_limit=256, priority=1),
+                "bulk": ch(max_batch=8, window_ms=500, deadline_ms=30000, queue_limit=128, min_share=0.05)}
+    routing = RoutingSettings(default="standard", rules=[RoutingRule(channel="bulk", tokens_above=8192),
+                                                         RoutingRule(channel="realtime", tag="urgent")])
+    trace = mixed_trace()
+    r = simulate(channels, trace, device=DeviceModel(per_token_ms=0.002), routing=routing)
+    counts = r.counts()
+    assert sum(counts.values()) == len(trace)
+    assert counts["overloaded"] > 0 and counts["deadline_exceeded"] > 0 and counts["completed"] > 0
+    assert all(o in (COMPLETED, EXPIRED, OVERLOADED) for o in r.outcome)
+    # Every completed request left in exactly one batch.
+    assert sum(b.size for b in r.batches) == counts["completed"]
+    # Routing as the daemon's rules do it.
+    for a, name in zip(r.arrivals, r.channel_of):
+        assert name == ("bulk" if a.tokens > 8192 else "realtime" if "urgent" in a.tags else "standard")
+    # The scheduler's own stats agree with the simulator's answers.
+    snap = r.snapshot
+    assert sum(s["completed"] for s in snap.values()) == counts["completed"]
+    assert sum(s["expired"] for s in snap.values()) == counts["deadline_exceeded"]
+    assert sum(s["rejected"]["overloaded"] for s in snap.values()) == counts["overloaded"]
+
+
+def test_full_queue_answers_overloaded_at_once():
+    r = simulate({"s": ch(queue_limit=10, max_batch=4, window_ms=50)}, [(0, 0, "s")] * 25, device=DEV)
+    assert list(r.outcome).count(OVERLOADED) == 15
+    assert all(r.latency_ns[i] == 0 for i, o in enumerate(r.outcome) if o == OVERLOADED)
+    assert r.stats()["s"].overloaded == 15 and r.stats()["s"].completed == 10
+
+
+def test_hopeless_requests_are_answered_deadline_exceeded():
+    # Batches of 4 take 10 ms on one slot; deadline 19 ms. After the first batch the cost model
+    # knows a batch takes 10 ms, so at t=10 ms everything else could only finish at 20 ms > 19 ms.
+    r = simulate({"s": ch(max_batch=4, window_ms=0, deadline_ms=19)}, [(0, 0, "s")] * 100,
+                 device=DEV, inflight=1)
+    assert list(r.outcome).count(COMPLETED) == 4
+    assert list(r.outcome).count(EXPIRED) == 96
+    assert {r.latency_ns[i] for i, o in enumerate(r.outcome) if o == EXPIRED} == {10 * MS}
+    s = r.stats()["s"]
+    assert (s.on_time, s.expired, s.late) == (4, 96, 0)
+    assert s.on_time_fraction == pytest.approx(0.04)
+
+
+def test_isolated_channel_never_mixes_tenants_in_a_batch():
+    trace = [Arrival(k * 100_000, 10, tenant="bank-a" if k % 2 else "bank-b") for k in range(400)]
+    iso = simulate({"s": ch(isolated=True)}, trace, device=DEV)
+    assert iso.counts()["completed"] == 400
+    assert all(len(b.tenants) == 1 for b in iso.batches)
+    shared = simulate({"s": ch(isolated=False)}, trace, device=DEV)
+    assert any(len(b.tenants) == 2 for b in shared.batches)
+
+
+def test_out_of_memory_splits_retries_and_lowers_the_limit():
+    dev = DeviceModel(base_ms=8.0, per_item_ms=0.5, memory_items=8)
+    r = simulate({"s": ch(max_batch=32, window_ms=0)}, [(0, 0, "s")] * 64, device=dev)
+    assert r.counts()["completed"] == 64
+    first, second = r.batches
+    # 32 does not fit; the halves of 16 neither; four batches of 8 do: 4 × 12 ms.
+    assert first.oom and first.compute_ns == 48 * MS and first.end_ns == 48 * MS
+    assert second.oom and second.end_ns == 96 * MS
+    assert r.snapshot["s"]["max_batch"] == 16   # the sizer halved the channel's limit
+
+
+def test_a_single_request_that_cannot_fit_fails_alone():
+    dev = DeviceModel(memory_tokens=1000)
+    r = simulate({"s": ch(window_ms=5)}, [(0, 100, "s"), (0, 5000, "s"), (0, 200, "s")], device=dev)
+    assert list(r.outcome) == [COMPLETED, FAILED, COMPLETED]
+    assert r.counts()["model_error"] == 1
+
+
+def test_arrival_tuples_take_a_channel_or_metadata():
+    assert as_arrival((5, 10, "bulk")) == Arrival(5, 10, "bulk")
+    a = as_arrival((5, 10, {"tags": ["urgent"], "tenant": "t", "slo_ms": 50}))
+    assert a.tags == ("urgent",) and a.tenant == "t" and a.slo_ms == 50 and a.channel is None
+
+
+def test_slo_separate_from_deadline_counts_late_completions():
+    # deadline 30 s (nothing expires, FIFO), but the class's SLO is 20 ms
+    r = simulate({"fifo": ch(deadline_ms=30000)},
+                 [(0, 0, {"channel": "fifo", "slo_ms": 30, "label": "realtime"})] * 64, device=DEV)
+    s = r.stats()["realtime"]
+    assert (s.on_time, s.late) == (32, 32)
+
+
+def test_runs_are_deterministic():
+    channels = {"s": ch(max_batch=16, window_ms=20, deadline_ms=300)}
+    a = simulate(channels, mixed_trace(1500), device=DEV)
+    b = simulate(channels, mixed_trace(1500), device=DEV)
+    assert a.latency_ns == b.latency_ns and list(a.outcome) == list(b.outcome)
+
+
+def test_utilisation_over_a_window():
+    r = simulate({"s": ch()}, [(0, 0, "s")] * 32, device=DEV)
+    assert r.utilisation(0, 48 * MS) == pytest.approx(0.5)
+
+
+def test_answering_twice_is_caught(monkeypatch):
+    from dynbatchd.scheduler import Scheduler
+
+    real_poll = Scheduler.poll
+
+    def poll_twice(self, now_ns, free_slots):
+        decision = real_poll(self, now_ns, free_slots)
+        decision.expired.extend(item for b in decision.batches for item in b.items)
+        return decision
+    monkeypatch.setattr(Scheduler, "poll", poll_twice)
+    with pytest.raises(SimulationError):
+        simulate({"s": ch()}, [(0, 0, "s")] * 4, device=DEV)
+
+
+def _registered():
+    plugins = Plugins.load()
+    return plugins, plugins.window_policies(), plugins.batch_sizers()
+
+
+@pytest.mark.parametrize("kind", ["window", "sizer"])
+def test_every_registered_policy_answers_everything(kind):
+    plugins, windows, sizers = _registered()
+    names = windows if kind == "window" else sizers
+    trace = mixed_trace(1500, rate=1200)
+    for name in names:
+        sel = WindowSettings(policy=name)
+        settings = ch(max_batch=32, window_ms=50, deadline_ms=500,
+                      **({"window": sel} if kind == "window" else {"batch_size": sel}))
+        r = simulate({"s": settings}, trace, device=DEV, window_policies=windows, sizers=sizers)
+        assert sum(r.counts().values()) == len(trace), name
+        assert r.counts()["completed"] > 0, name
