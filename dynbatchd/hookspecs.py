@@ -1,6 +1,6 @@
 """Every dynbatchd hook, one docstring each.
 
-Hooks see plain data (dataclasses and the frozen config), never sockets or
+Hooks see plain data (frozen structs, dataclasses and the frozen config), never sockets or
 processes. Built-in plugins (package ``dynbatchd_plugins``) and third-party
 ones register through the same entry-point group, ``dynbatchd``.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 import pluggy
 
 if TYPE_CHECKING:
@@ -20,8 +21,7 @@ hookspec = pluggy.HookspecMarker(PROJECT)
 hookimpl = pluggy.HookimplMarker(PROJECT)
 
 
-@dataclass(frozen=True, slots=True)
-class RequestInfo:
+class RequestInfo(msgspec.Struct, frozen=True, gc=False):
     """What routing and admission may know of a request: metadata, never the payload."""
     model: str
     tags: tuple[str, ...] = ()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Callable
 
 import pluggy
 
@@ -32,12 +32,32 @@ class PluginInfo:
     source: str  # distribution that provides it
 
 
+def _direct_calls(hook: Any, signature: tuple[str, ...]) -> list[Callable[..., Any]] | None:
+    """The implementations as plain functions taking `signature` positionally, in pluggy's
+    call order; None when a wrapper is registered and pluggy must run the call itself."""
+    impls = hook.get_hookimpls()
+    if any(i.hookwrapper or getattr(i, "wrapper", False) for i in impls):
+        return None
+    calls = []
+    for impl in reversed(impls):
+        if tuple(impl.argnames) == signature:
+            calls.append(impl.function)
+        else:  # pluggy lets an implementation take a subset of the arguments, by name
+            def adapted(*values: Any, fn=impl.function, names=tuple(impl.argnames)) -> Any:
+                given = dict(zip(signature, values))
+                return fn(*[given[n] for n in names])
+            calls.append(adapted)
+    return calls
+
+
 class Plugins:
     def __init__(self, pm: pluggy.PluginManager, broken: dict[str, str], sources: dict[str, str]):
         self.pm = pm
         self.broken = broken
         self.sources = sources
         self._admission_hooks = bool(pm.hook.dynbatchd_admit.get_hookimpls())
+        self._route_impls = _direct_calls(pm.hook.dynbatchd_route, ("request", "config"))
+        self._admit_impls = _direct_calls(pm.hook.dynbatchd_admit, ("request", "channel", "config"))
 
     # -- building ---------------------------------------------------------
     @classmethod
@@ -74,16 +94,28 @@ class Plugins:
         return out
 
     # -- one method per hook ------------------------------------------------
+    # route and admit run once per request: they call the implementations directly, in
+    # pluggy's order, unless a wrapper needs pluggy's machinery (see _direct_calls).
     def route(self, request: RequestInfo, config: Any) -> str:
-        channel = self.pm.hook.dynbatchd_route(request=request, config=config)
-        return channel if channel is not None else config.routing.default
+        if self._route_impls is None:
+            channel = self.pm.hook.dynbatchd_route(request=request, config=config)
+            return channel if channel is not None else config.routing.default
+        for fn in self._route_impls:
+            channel = fn(request, config)
+            if channel is not None:
+                return channel
+        return config.routing.default
 
     @property
     def has_admission_checks(self) -> bool:
         return self._admission_hooks
 
     def admit(self, request: RequestInfo, channel: str, config: Any) -> str | None:
-        refusals = [r for r in self.pm.hook.dynbatchd_admit(request=request, channel=channel, config=config) if r]
+        if self._admit_impls is None:
+            answers = self.pm.hook.dynbatchd_admit(request=request, channel=channel, config=config)
+        else:
+            answers = [fn(request, channel, config) for fn in self._admit_impls]
+        refusals = [r for r in answers if r]
         return "; ".join(refusals) if refusals else None
 
     def check_config(self, config: Any) -> list[Violation]:

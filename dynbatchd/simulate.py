@@ -164,6 +164,7 @@ class GroupStats:
     p50_ms: float = 0.0
     p99_ms: float = 0.0
     p99_completed_ms: float = 0.0
+    p99_success_ms: float = 0.0     # a request not completed counts as +inf: dropping cannot improve it
     max_ms: float = 0.0
 
     @property
@@ -182,6 +183,7 @@ class GroupStats:
                 "failed": self.failed, "goodput_rps": round(self.goodput_rps, 3),
                 "on_time_fraction": round(self.on_time_fraction, 6), "p50_ms": round(self.p50_ms, 3),
                 "p99_ms": round(self.p99_ms, 3), "p99_completed_ms": round(self.p99_completed_ms, 3),
+                "p99_success_ms": round(self.p99_success_ms, 3) if math.isfinite(self.p99_success_ms) else None,
                 "max_ms": round(self.max_ms, 3), "simulated": True}
 
 
@@ -190,6 +192,14 @@ def quantile(sorted_values: Sequence[float], q: float) -> float:
     if not sorted_values:
         return 0.0
     return sorted_values[max(0, min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1))]
+
+
+def _success_quantile(completed_sorted: Sequence[int], offered: int, q: float) -> float:
+    """Quantile (ms) of time to a successful answer, every request not completed counting as +inf."""
+    if not offered:
+        return 0.0
+    rank = max(1, math.ceil(q * offered))
+    return completed_sorted[rank - 1] / MS if rank <= len(completed_sorted) else math.inf
 
 
 @dataclass
@@ -272,6 +282,7 @@ class SimResult:
             g.p99_ms = quantile(ls, 0.99) / MS
             g.max_ms = (ls[-1] / MS) if ls else 0.0
             g.p99_completed_ms = quantile(ds, 0.99) / MS
+            g.p99_success_ms = _success_quantile(ds, g.offered, 0.99)
         return groups
 
     def total(self, start_ns: int | None = None, end_ns: int | None = None) -> GroupStats:
@@ -291,6 +302,7 @@ class SimResult:
         g.p50_ms, g.p99_ms = quantile(ls, 0.5) / MS, quantile(ls, 0.99) / MS
         g.max_ms = ls[-1] / MS if ls else 0.0
         g.p99_completed_ms = quantile(ds, 0.99) / MS
+        g.p99_success_ms = _success_quantile(ds, g.offered, 0.99)
         return g
 
     def utilisation(self, start_ns: int | None = None, end_ns: int | None = None) -> float:

@@ -19,6 +19,11 @@ from dynbatchd import protocol as P
 log = logging.getLogger(__name__)
 
 DRAIN_LIMIT = 512  # messages read per loop turn before yielding to other work
+# Plain ints: pyzmq's flag enums cost an Enum construction per frame on the hot path.
+_NOBLOCK = int(zmq.NOBLOCK)
+_MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
+_RCVMORE = int(zmq.RCVMORE)
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
 class LoopSocket:
@@ -50,17 +55,20 @@ class LoopSocket:
         if self._loop is None:
             return
         batch = []
-        recv = self.sock.recv_multipart
+        recv, more = self.sock.recv, self.sock.getsockopt
         try:
             while len(batch) < DRAIN_LIMIT:
-                batch.append(recv(zmq.NOBLOCK))
+                frames = [recv(_NOBLOCK)]
+                while more(_RCVMORE):
+                    frames.append(recv(_NOBLOCK))
+                batch.append(frames)
         except zmq.Again:
             pass
         if batch:
             self.on_batch(batch)
         if len(batch) >= DRAIN_LIMIT:
             self.kick()
-        elif self.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+        elif self.sock.getsockopt(_EVENTS) & _POLLIN:
             self.kick()
 
     def kick(self) -> None:
@@ -70,8 +78,11 @@ class LoopSocket:
             self._loop.call_soon(self._drain)
 
     def send(self, frames: list[Any]) -> None:
+        send = self.sock.send
         try:
-            self.sock.send_multipart(frames, zmq.NOBLOCK)
+            for frame in frames[:-1]:
+                send(frame, _MORE)
+            send(frames[-1], _NOBLOCK)
         except zmq.Again:
             log.warning("reply dropped: peer's queue is full")
         self.kick()

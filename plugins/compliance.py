@@ -38,6 +38,8 @@ def dynbatchd_check_config(config) -> list[Violation]:
 
 @hookimpl
 def dynbatchd_admit(request: RequestInfo, channel: str, config) -> str | None:
+    if not request.tags:
+        return None
     regulated = [t for t in request.tags if t in config.compliance.regulated_tags]
     if regulated and not config.channels[channel].isolated:
         return (f"request tagged {regulated[0]!r} was routed to channel {channel!r}, which is not "

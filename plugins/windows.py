@@ -1,11 +1,19 @@
-"""Wait-window policies shipped with dynbatchd."""
+"""Wait-window policies shipped with dynbatchd.
+
+``fixed``: the channel's window_ms; ``ewma``: the smoothed inter-arrival gap;
+``pattern``: burst / steady / mixed traffic classes; ``tiered``: a window per
+request-size (or queue-depth) tier; ``slo``: waits only while a fuller batch
+lowers expected latency and the earliest deadline holds. Options and rules:
+`dynbatchd.scheduler.windows`.
+"""
 
 from __future__ import annotations
 
 from dynbatchd.hookspecs import hookimpl
+from dynbatchd.scheduler import windows
 from dynbatchd.scheduler.policies import FixedWindow
 
 
 @hookimpl
 def dynbatchd_window_policies():
-    return {"fixed": FixedWindow.factory}
+    return {"fixed": FixedWindow.factory, **windows.factories()}

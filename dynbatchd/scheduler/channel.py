@@ -8,6 +8,7 @@ different tenants of a regulated channel, never share a batch.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
@@ -29,6 +30,7 @@ class Item:
     payload: Any = None
     channel: str = ""
     retries: int = 0
+    queued: bool = False
 
 
 @dataclass(slots=True, eq=False)
@@ -46,8 +48,8 @@ class Batch:
 class Lane:
     model: str
     tenant: str | None
-    heap: list = field(default_factory=list)   # (deadline_ns, key, item)
-    opened_ns: int = NEVER                     # arrival of the oldest waiting item
+    heap: list = field(default_factory=list)        # (deadline_ns, key, item): most urgent first
+    arrivals: deque = field(default_factory=deque)  # the same items in arrival order, taken ones skipped lazily
     tokens: int = 0
 
     def __len__(self) -> int:
@@ -56,19 +58,25 @@ class Lane:
     def push(self, item: Item) -> None:
         heapq.heappush(self.heap, (item.deadline_ns, item.key, item))
         self.tokens += item.tokens
-        if item.arrival_ns < self.opened_ns:
-            self.opened_ns = item.arrival_ns
+        item.queued = True
+        if self.arrivals and item.arrival_ns < self.arrivals[-1].arrival_ns:
+            self.arrivals.appendleft(item)   # a requeued item: older than anything waiting
+        else:
+            self.arrivals.append(item)
 
     def pop(self) -> Item:
         item = heapq.heappop(self.heap)[2]
         self.tokens -= item.tokens
-        if not self.heap:
-            self.opened_ns = NEVER
+        item.queued = False
         return item
 
-    def reopen(self) -> None:
-        """Recompute the oldest arrival after items left from the middle of the queue."""
-        self.opened_ns = min((entry[2].arrival_ns for entry in self.heap), default=NEVER)
+    @property
+    def opened_ns(self) -> int:
+        """Arrival of the oldest waiting item: where its batch's window starts (amortised O(1))."""
+        arrivals = self.arrivals
+        while arrivals and not arrivals[0].queued:
+            arrivals.popleft()
+        return arrivals[0].arrival_ns if arrivals else NEVER
 
     def head_deadline(self) -> int:
         return self.heap[0][0] if self.heap else NEVER
@@ -116,14 +124,10 @@ class Channel:
         # A request is hopeless once even a batch of one would end past its deadline.
         horizon = now_ns + self.cost.estimate_ns(1)
         for lane in self.lanes.values():
-            moved = False
             while lane.heap and lane.heap[0][0] < horizon:
                 out.append(lane.pop())
                 self.depth -= 1
                 self.stats.expired += 1
-                moved = True
-            if moved and lane.heap:
-                lane.reopen()
 
     def lane_state(self, lane: Lane, free_slots: int) -> LaneState:
         return LaneState(len(lane), lane.tokens, self.sizer.max_batch(), lane.opened_ns,
@@ -155,8 +159,6 @@ class Channel:
                 break
             items.append(lane.pop())
             tokens += nxt.tokens
-        if lane.heap:
-            lane.reopen()
         self.depth -= len(items)
         self.dispatched_items += len(items)
         stats = self.stats

@@ -1,0 +1,196 @@
+"""`dynbatchctl plan`: how many requests fit in one batch on a device, offline, with the arithmetic shown.
+
+No daemon is needed. The model's dimensions come from its own config.json
+(the model named in the config file, or a model directory given directly);
+device memory from ``--memory-gb``, else NVML (GPU ``--gpu``), else the
+config's ``devices.memory_gb``. Memory figures are GiB (2^30 bytes), as GPU
+vendors count them. The model is `dynbatchd.scheduler.sizing.plan_memory`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dynbatchd import config as cfgmod
+from dynbatchd.scheduler.sizing import GIB, MemoryPlan, model_dims, plan_memory, read_model_config
+from dynbatchd.scheduler.sizing import fmt_bytes as _size
+
+LOCAL_CONFIG = Path("etc/dynbatchd.toml")
+
+
+class PlanError(Exception):
+    """Something the operator must fix; printed as one line."""
+
+
+def find_config(explicit: Path | None) -> Path | None:
+    """--config, else $DYNBATCHD_CONFIG, else the installed or the source-tree config, else none."""
+    if explicit is not None:
+        return explicit
+    if os.environ.get("DYNBATCHD_CONFIG"):
+        return Path(os.environ["DYNBATCHD_CONFIG"])
+    for candidate in (*map(Path, cfgmod.DEFAULT_CONFIG_PATHS), LOCAL_CONFIG):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def nvml_memory(index: int) -> tuple[str, int] | None:
+    """(name, total bytes) of GPU `index` from NVML, or None where NVML or the GPU is absent."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:
+        return None
+    try:
+        if index >= pynvml.nvmlDeviceGetCount():
+            return None
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        name = pynvml.nvmlDeviceGetName(handle)
+        total = pynvml.nvmlDeviceGetMemoryInfo(handle).total
+        return (name.decode() if isinstance(name, bytes) else str(name)), int(total)
+    except Exception:
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def resolve_model(cfg: cfgmod.Config | None, model: str | None) -> tuple[str, Path, int | None]:
+    """(label, model directory or config.json, the runner's sequence cap) for --model or the config's first model."""
+    if cfg is not None and (model is None or model in cfg.models):
+        name = model or next(iter(cfg.models))
+        settings = cfg.models[name]
+        opts = settings.options
+        cap = opts.get("max_tokens", opts.get("seq_len"))
+        if opts.get("path"):
+            return name, Path(opts["path"]), cap
+        if settings.runner == "sentence-embedding":
+            from dynbatchd.devices.runners import default_model_path
+
+            return name, Path(default_model_path()), cap if cap is not None else 256
+        raise PlanError(f"model {name!r} (runner {settings.runner!r}) names no model directory "
+                        "(options.path); pass --model DIR with a config.json")
+    if model is None:
+        raise PlanError("no config file found: pass --config FILE or --model DIR")
+    path = Path(model)
+    if not path.exists():
+        known = f" (models in {cfg.source}: {', '.join(cfg.models)})" if cfg is not None else ""
+        raise PlanError(f"--model {model!r} is neither a model of the config nor a path{known}")
+    return path.name or model, path, None
+
+
+def device_memory(cfg: cfgmod.Config | None, memory_gb: float | None, gpu: int) -> dict[str, Any]:
+    if memory_gb is not None:
+        return {"name": "device", "total_bytes": int(memory_gb * GIB), "source": "--memory-gb"}
+    found = nvml_memory(gpu)
+    if found is not None:
+        return {"name": found[0], "total_bytes": found[1], "source": f"NVML (GPU {gpu})"}
+    if cfg is not None and cfg.devices.memory_gb > 0:
+        return {"name": "device", "total_bytes": int(cfg.devices.memory_gb * GIB),
+                "source": f"{cfg.source}: devices.memory_gb"}
+    raise PlanError("device memory unknown: NVML sees no GPU; pass --memory-gb or set devices.memory_gb")
+
+
+def channel_rows(cfg: cfgmod.Config | None, mp: MemoryPlan) -> list[dict[str, Any]]:
+    rows = []
+    per_token = mp.per_request_bytes / mp.dims.seq_len if mp.dims.kind == "decoder" else 0.0
+    for name, ch in (cfg.channels.items() if cfg is not None else ()):
+        fits = min(ch.max_batch, mp.max_batch)
+        status = "fits" if ch.max_batch <= mp.max_batch else ("does not fit" if mp.max_batch == 0 else f"lower to {fits}")
+        token_budget = int(mp.usable_bytes // per_token) if per_token > 0 and mp.usable_bytes > 0 else None
+        rows.append({"channel": name, "configured_max_batch": ch.max_batch, "memory_max_batch": mp.max_batch,
+                     "recommended_max_batch": fits, "status": status, "max_tokens": ch.max_tokens,
+                     "token_budget": token_budget,
+                     "max_tokens_fits": None if not ch.max_tokens or token_budget is None
+                     else ch.max_tokens <= token_budget})
+    return rows
+
+
+def build_plan(config: Path | None, model: str | None, memory_gb: float | None, seq_len: int | None,
+               dtype: str | None, headroom: float, reserve_gb: float | None, gpu: int) -> dict[str, Any]:
+    """Everything `plan` prints, as data."""
+    path = find_config(config)
+    try:
+        cfg = cfgmod.load(path) if path is not None else None
+    except cfgmod.ConfigError as exc:
+        raise PlanError(str(exc)) from None
+    label, model_path, cap = resolve_model(cfg, model)
+    try:
+        raw, model_dir = read_model_config(model_path)
+        dims = model_dims(raw, model_dir=model_dir, name=label, seq_len=seq_len or cap, dtype=dtype)
+        device = device_memory(cfg, memory_gb, gpu)
+        mp = plan_memory(dims, device["total_bytes"], headroom=headroom,
+                         reserve_bytes=None if reserve_gb is None else int(reserve_gb * GIB))
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    data = mp.as_dict()
+    return {"config": str(path) if path else None, "model": data.pop("dims"), "device": device,
+            "memory": data, "channels": channel_rows(cfg, mp)}
+
+
+def render(data: dict[str, Any], console: Console) -> None:
+    m, dev, mem = data["model"], data["device"], data["memory"]
+    console.print(f"[bold]{m['name']}[/bold] ({m['kind']}, {m['layers']} layers, {m['kv_heads']} kv heads × "
+                  f"{m['head_dim']}, {m['seq_len']} tokens, {m['bytes_per_elem']} B/elem) on {dev['name']} "
+                  f"{_size(dev['total_bytes'])} [dim](from {dev['source']})[/dim]", highlight=False)
+    steps = Table(title="memory arithmetic")
+    for col, justify in (("step", "left"), ("formula", "left"), ("value", "right")):
+        steps.add_column(col, justify=justify)
+    for s in mem["steps"]:
+        value = f"{int(s['value'])} {s['unit']}" if s["unit"] != "bytes" else _size(s["value"])
+        steps.add_row(s["label"], s["formula"], value)
+    console.print(steps)
+    if data["channels"]:
+        table = Table(title="max batch per channel")
+        for col in ("channel", "configured", "memory allows", "recommended", "status", "token cap"):
+            table.add_column(col, justify="left" if col in ("channel", "status", "token cap") else "right")
+        for r in data["channels"]:
+            cap = "-" if not r["max_tokens"] else (f"{r['max_tokens']} " + (
+                "?" if r["max_tokens_fits"] is None else "fits" if r["max_tokens_fits"] else f"> {r['token_budget']}"))
+            style = "green" if r["status"] == "fits" else "yellow"
+            table.add_row(r["channel"], str(r["configured_max_batch"]), str(r["memory_max_batch"]),
+                          str(r["recommended_max_batch"]), f"[{style}]{r['status']}[/{style}]", cap)
+        console.print(table)
+    console.print(f"[dim]weights counted once; the guide's formula (weights × batch) would allow "
+                  f"{mem['guide_max_batch']}.[/dim]", highlight=False)
+
+
+def plan(config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                               help="Config file [default: $DYNBATCHD_CONFIG, "
+                                                    "/etc/dynbatchd/dynbatchd.toml, ./etc/dynbatchd.toml]."),
+         model: Optional[str] = typer.Option(None, "--model", "-m",
+                                             help="A model of the config, or a model directory / config.json "
+                                                  "[default: the config's first model]."),
+         memory_gb: Optional[float] = typer.Option(None, "--memory-gb", min=0.0,
+                                                   help="Device memory in GiB [default: NVML, else devices.memory_gb]."),
+         seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1,
+                                               help="Tokens per request [default: the runner's max_tokens, "
+                                                    "else max_position_embeddings]."),
+         dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, float16, bfloat16, int8… "
+                                                                   "[default: the config's torch_dtype, else float32]."),
+         headroom: float = typer.Option(0.20, "--headroom", min=0.0, max=0.99, help="Fraction of memory kept free."),
+         reserve_gb: Optional[float] = typer.Option(None, "--reserve-gb", min=0.0,
+                                                    help="Activation/workspace reserve in GiB [default: min(1, 5% of total)]."),
+         gpu: int = typer.Option(0, "--gpu", min=0, help="NVML index of the GPU to plan for."),
+         as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
+    """Max batch per channel for a model on a device, from the model's config.json, with the arithmetic shown."""
+    try:
+        data = build_plan(config, model, memory_gb, seq_len, dtype, headroom, reserve_gb, gpu)
+    except PlanError as exc:
+        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    else:
+        render(data, Console())

@@ -1,0 +1,454 @@
+"""Adaptive wait-window policies: ``ewma``, ``pattern``, ``tiered`` and ``slo``.
+
+Each is a plain object with the `WindowPolicy` protocol of
+`dynbatchd.scheduler.policies`: ``on_arrival`` per accepted request,
+``on_batch_done`` per finished batch, ``window_ns(now, lane)`` whenever the
+scheduler asks whether a lane's batch is ready (it is ready once
+``lane.opened_ns + window`` has passed), and ``describe()`` for status. Times
+are integer nanoseconds from the scheduler's injected clock; nothing here
+reads wall time. A policy sees every arrival of its channel (all lanes
+together), so rates and spreads are per channel.
+
+Options come from ``[channels.NAME.window] options = {...}``; an unknown or
+out-of-range option is a ValueError naming the key, like any config error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Any
+
+from dynbatchd.scheduler.policies import MS, LaneState
+
+SECOND = 1_000_000_000
+
+
+class Options:
+    """Checked access to one policy's options table; leftovers are errors."""
+
+    def __init__(self, where: str, options: dict[str, Any], known: set[str]):
+        self.where = where
+        self.options = options
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown option {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+    def num(self, key: str, default: float, *, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False) -> float:
+        value = self.options.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{self.where}.{key}: expected a number, got {value!r}")
+        value = float(value)
+        if lo is not None and (value < lo or (lo_open and value == lo)):
+            raise ValueError(f"{self.where}.{key}: must be {'>' if lo_open else '>='} {lo:g}, got {value:g}")
+        if hi is not None and value > hi:
+            raise ValueError(f"{self.where}.{key}: must be <= {hi:g}, got {value:g}")
+        return value
+
+    def count(self, key: str, default: int, *, lo: int = 1) -> int:
+        value = self.options.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ValueError(f"{self.where}.{key}: expected an integer >= {lo}, got {value!r}")
+        return value
+
+
+def _where(channel: str) -> str:
+    return f"channels.{channel}.window.options"
+
+
+# ---------------------------------------------------------------------------
+# ewma
+# ---------------------------------------------------------------------------
+
+class EwmaWindow:
+    """The guide's EWMA: window ← α·last_interval + (1−α)·window, clamped to [min_ms, max_ms].
+
+    What it tracks: the smoothed *inter-arrival gap* of the channel, so the
+    window is "about as long as the next request usually takes to come". At
+    high rates the window shrinks (batches fill by size anyway and waiting
+    buys nothing); at low rates it grows up to ``max_ms``. It does not track
+    how long a whole batch takes to fill. The clamp applies to the stored
+    value, so one long idle gap raises the window to ``max_ms`` at most and
+    the next few short gaps bring it back down (weight (1−α)^k, halving
+    every ~2 arrivals at α = 0.3) instead of leaving it stuck high.
+
+    Options: ``alpha`` (0 < α ≤ 1, default 0.3); ``initial_ms`` (default the
+    channel's window_ms); ``min_ms`` (default 1); ``max_ms`` (default the
+    channel's window_ms, which stays the longest a request waits).
+    """
+
+    def __init__(self, initial_ms: float, *, alpha: float = 0.3, min_ms: float = 1.0, max_ms: float | None = None):
+        self.alpha = alpha
+        self.min_ns = min_ms * MS
+        self.max_ns = (max_ms if max_ms is not None else max(initial_ms, min_ms)) * MS
+        self._window = self._clamp(initial_ms * MS)
+        self._last_arrival: int | None = None
+        self.last_interval_ns: int | None = None
+
+    @classmethod
+    def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "EwmaWindow":
+        o = Options(_where(channel), options, {"alpha", "initial_ms", "min_ms", "max_ms"})
+        alpha = o.num("alpha", 0.3, lo=0.0, hi=1.0, lo_open=True)
+        min_ms = o.num("min_ms", 1.0, lo=0.0)
+        max_ms = o.num("max_ms", max(float(settings.window_ms), min_ms), lo=0.0)
+        if max_ms < min_ms:
+            raise ValueError(f"{o.where}.max_ms: {max_ms:g} is below min_ms {min_ms:g}")
+        initial = o.num("initial_ms", float(settings.window_ms), lo=0.0)
+        return cls(initial, alpha=alpha, min_ms=min_ms, max_ms=max_ms)
+
+    def _clamp(self, ns: float) -> float:
+        return min(self.max_ns, max(self.min_ns, ns))
+
+    def on_arrival(self, now_ns: int, tokens: int) -> None:
+        if self._last_arrival is not None:
+            interval = max(0, now_ns - self._last_arrival)
+            self.last_interval_ns = interval
+            self._window = self._clamp(self.alpha * interval + (1.0 - self.alpha) * self._window)
+        self._last_arrival = now_ns
+
+    def on_batch_done(self, size: int, tokens: int, compute_ns: int, now_ns: int) -> None:
+        pass
+
+    def window_ns(self, now_ns: int, lane: LaneState) -> int:
+        return round(self._window)
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "ewma", "window_ms": round(self._window) / MS, "alpha": self.alpha}
+
+
+# ---------------------------------------------------------------------------
+# tiered
+# ---------------------------------------------------------------------------
+
+DEFAULT_TIERS = (  # the guide's K12 windows: short → realtime, medium → standard, long → bulk
+    {"below_tokens": 512, "window_ms": 30.0},
+    {"below_tokens": 8192, "window_ms": 100.0},
+    {"window_ms": 500.0},
+)
+_TIER_KEYS = {"tokens": "below_tokens", "queued": "below_queued"}
+
+
+class TieredWindow:
+    """A window per tier of the lane's waiting requests, for mixed traffic.
+
+    ``tiers`` is a list checked in order; the first tier whose bound is above
+    the lane's measure gives the window, and the last tier has no bound (the
+    catch-all). All bounded tiers use the same measure:
+
+    - ``below_tokens``: the *mean tokens per waiting request* of the lane
+      (lane.tokens / lane.queued), i.e. a request-size tier: a lane of short
+      requests gets a short window, a lane of long ones may wait to batch.
+    - ``below_queued``: the number of requests waiting in the lane, i.e. a
+      queue-depth tier (e.g. wait longer while a batch is nearly empty).
+
+    Default (the guide's K12 channels): mean < 512 tokens → 30 ms,
+    < 8192 → 100 ms, else 500 ms. Bounds must increase strictly.
+    """
+
+    def __init__(self, tiers: list[tuple[float | None, float]], by: str = "tokens"):
+        self.by = by
+        self.tiers = [(bound, int(window_ms * MS)) for bound, window_ms in tiers]
+        self._last = (len(self.tiers) - 1, self.tiers[-1][1])
+
+    @classmethod
+    def parse_tiers(cls, raw: Any, where: str) -> "TieredWindow":
+        if not isinstance(raw, (list, tuple)) or not raw:
+            raise ValueError(f"{where}: expected a non-empty list of tiers, e.g. "
+                             "[{below_tokens = 512, window_ms = 20}, {window_ms = 100}]")
+        tiers: list[tuple[float | None, float]] = []
+        by = None
+        for i, tier in enumerate(raw):
+            at = f"{where}[{i}]"
+            if not isinstance(tier, dict):
+                raise ValueError(f"{at}: expected a table such as {{below_tokens = 512, window_ms = 20}}")
+            o = Options(at, tier, {"window_ms", *_TIER_KEYS.values()})
+            if "window_ms" not in tier:
+                raise ValueError(f"{at}.window_ms: required")
+            window_ms = o.num("window_ms", 0.0, lo=0.0)
+            bounds = [m for m, key in _TIER_KEYS.items() if key in tier]
+            if len(bounds) > 1:
+                raise ValueError(f"{at}: give one of below_tokens or below_queued, not both")
+            last = i == len(raw) - 1
+            if not bounds:
+                if not last:
+                    raise ValueError(f"{at}: only the last tier may have no bound (it is the catch-all)")
+                tiers.append((None, window_ms))
+                continue
+            measure = bounds[0]
+            if by is not None and measure != by:
+                raise ValueError(f"{at}: all tiers must use the same bound ({_TIER_KEYS[by]})")
+            by = measure
+            bound = o.num(_TIER_KEYS[measure], 0.0, lo=0.0)
+            if tiers and bound <= tiers[-1][0]:
+                raise ValueError(f"{at}.{_TIER_KEYS[measure]}: bounds must increase, {bound:g} follows {tiers[-1][0]:g}")
+            if last:
+                raise ValueError(f"{at}: the last tier must have no bound (the catch-all)")
+            tiers.append((bound, window_ms))
+        return cls(tiers, by or "tokens")
+
+    @classmethod
+    def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "TieredWindow":
+        Options(_where(channel), options, {"tiers"})
+        return cls.parse_tiers(options.get("tiers", [dict(t) for t in DEFAULT_TIERS]), f"{_where(channel)}.tiers")
+
+    def measure(self, lane: LaneState) -> float:
+        if self.by == "queued":
+            return float(lane.queued)
+        return lane.tokens / lane.queued if lane.queued else 0.0
+
+    def on_arrival(self, now_ns: int, tokens: int) -> None:
+        pass
+
+    def on_batch_done(self, size: int, tokens: int, compute_ns: int, now_ns: int) -> None:
+        pass
+
+    def window_ns(self, now_ns: int, lane: LaneState) -> int:
+        value = self.measure(lane)
+        for i, (bound, window) in enumerate(self.tiers):
+            if bound is None or value < bound:
+                self._last = (i, window)
+                return window
+        raise AssertionError("the last tier is a catch-all")  # pragma: no cover
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "tiered", "by": self.by, "tier": self._last[0], "window_ms": self._last[1] / MS}
+
+
+# ---------------------------------------------------------------------------
+# pattern
+# ---------------------------------------------------------------------------
+
+class PatternWindow:
+    """Classify the channel's recent traffic as burst, steady or mixed; pick that class's window.
+
+    Over the last ``span_ms`` of arrivals it measures the rate and the
+    coefficient of variation (CV = std / mean) of the inter-arrival gaps, and
+    compares the rate with a slow baseline (the span rate smoothed with time
+    constant ``baseline_ms``). Poisson traffic has CV ≈ 1; clumped arrivals
+    have CV well above 1.
+
+    - burst:  rate ≥ ``burst_ratio`` × baseline (a surge), or CV ≥ ``burst_cv``
+              → ``burst_ms`` (30): batches fill fast, so keep latency down;
+    - steady: CV ≤ ``steady_cv`` and the rate within a factor ``steady_ratio``
+              of the baseline, or fewer than ``min_samples`` gaps in the span
+              (sparse traffic is no burst) → ``steady_ms`` (150): fill batches;
+    - mixed:  anything between → the ``tiers`` of the tiered policy.
+
+    The class is recomputed at most every ``refresh_ms`` and at most the last
+    ``max_samples`` arrivals are kept, so its cost per arrival is O(1).
+    """
+
+    def __init__(self, *, span_ms=1000.0, baseline_ms=30000.0, min_samples=8, burst_ratio=2.0, burst_cv=2.0,
+                 steady_ratio=1.5, steady_cv=1.25, burst_ms=30.0, steady_ms=150.0, refresh_ms=50.0,
+                 max_samples=512, tiers: TieredWindow | None = None):
+        self.span_ns = int(span_ms * MS)
+        self.baseline_ns = baseline_ms * MS
+        self.min_samples = min_samples
+        self.burst_ratio, self.burst_cv = burst_ratio, burst_cv
+        self.steady_ratio, self.steady_cv = steady_ratio, steady_cv
+        self.burst_ns, self.steady_ns = int(burst_ms * MS), int(steady_ms * MS)
+        self.refresh_ns = int(refresh_ms * MS)
+        self.tiers = tiers or TieredWindow.parse_tiers([dict(t) for t in DEFAULT_TIERS], "tiers")
+        self._times: deque[int] = deque(maxlen=max_samples)
+        self._at: int | None = None          # when the class was last computed
+        self.traffic = "steady"
+        self.rate_per_s = 0.0
+        self.baseline_per_s: float | None = None
+        self.cv: float | None = None
+        self._window = self.steady_ns
+
+    @classmethod
+    def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "PatternWindow":
+        where = _where(channel)
+        o = Options(where, options, {"span_ms", "baseline_ms", "min_samples", "burst_ratio", "burst_cv",
+                                     "steady_ratio", "steady_cv", "burst_ms", "steady_ms", "refresh_ms",
+                                     "max_samples", "tiers"})
+        kw = {k: o.num(k, d, lo=0.0, lo_open=True) for k, d in (
+            ("span_ms", 1000.0), ("baseline_ms", 30000.0), ("burst_ratio", 2.0), ("burst_cv", 2.0),
+            ("steady_ratio", 1.5), ("steady_cv", 1.25))}
+        for key in ("burst_ms", "steady_ms", "refresh_ms"):
+            kw[key] = o.num(key, {"burst_ms": 30.0, "steady_ms": 150.0, "refresh_ms": 50.0}[key], lo=0.0)
+        if kw["steady_ratio"] < 1.0:
+            raise ValueError(f"{where}.steady_ratio: must be >= 1, got {kw['steady_ratio']:g}")
+        if kw["burst_ratio"] < kw["steady_ratio"]:
+            raise ValueError(f"{where}.burst_ratio: {kw['burst_ratio']:g} is below steady_ratio {kw['steady_ratio']:g}")
+        if kw["burst_cv"] < kw["steady_cv"]:
+            raise ValueError(f"{where}.burst_cv: {kw['burst_cv']:g} is below steady_cv {kw['steady_cv']:g}")
+        tiers = TieredWindow.parse_tiers(options["tiers"], f"{where}.tiers") if "tiers" in options else None
+        return cls(min_samples=o.count("min_samples", 8, lo=2), max_samples=o.count("max_samples", 512, lo=4),
+                   tiers=tiers, **kw)
+
+    def on_arrival(self, now_ns: int, tokens: int) -> None:
+        self._times.append(now_ns)
+
+    def on_batch_done(self, size: int, tokens: int, compute_ns: int, now_ns: int) -> None:
+        pass
+
+    def classify(self, now_ns: int) -> str:
+        """The traffic class at `now_ns` (recomputed at most every refresh_ms)."""
+        if self._at is not None and 0 <= now_ns - self._at < self.refresh_ns:
+            return self.traffic
+        times = self._times
+        while times and times[0] < now_ns - self.span_ns:
+            times.popleft()
+        n = len(times)
+        # With a full sample buffer the span is shorter than span_ms: rate over what is held.
+        held = self.span_ns if n < (times.maxlen or 0) else max(1, now_ns - times[0])
+        self.rate_per_s = n * SECOND / held
+        if self.baseline_per_s is None:
+            self.baseline_per_s = self.rate_per_s
+        else:
+            dt = max(0, now_ns - (self._at or now_ns))
+            self.baseline_per_s += (1.0 - math.exp(-dt / self.baseline_ns)) * (self.rate_per_s - self.baseline_per_s)
+        self._at = now_ns
+        self.cv = self._cv(times)
+        ratio = (self.rate_per_s + 1e-9) / (self.baseline_per_s + 1e-9)
+        if self.cv is None:
+            self.traffic = "steady"
+        elif ratio >= self.burst_ratio or self.cv >= self.burst_cv:
+            self.traffic = "burst"
+        elif self.cv <= self.steady_cv and 1.0 / self.steady_ratio <= ratio <= self.steady_ratio:
+            self.traffic = "steady"
+        else:
+            self.traffic = "mixed"
+        return self.traffic
+
+    def _cv(self, times: deque[int]) -> float | None:
+        if len(times) - 1 < self.min_samples:
+            return None
+        gaps = [b - a for a, b in zip(times, list(times)[1:])]
+        mean = sum(gaps) / len(gaps)
+        if mean <= 0:
+            return math.inf  # every arrival at one instant: as clumped as it gets
+        var = sum((g - mean) ** 2 for g in gaps) / len(gaps)
+        return math.sqrt(var) / mean
+
+    def window_ns(self, now_ns: int, lane: LaneState) -> int:
+        traffic = self.classify(now_ns)
+        if traffic == "burst":
+            self._window = self.burst_ns
+        elif traffic == "steady":
+            self._window = self.steady_ns
+        else:
+            self._window = self.tiers.window_ns(now_ns, lane)
+        return self._window
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "pattern", "traffic": self.traffic, "window_ms": self._window / MS,
+                "rate_per_s": round(self.rate_per_s, 3),
+                "cv": None if self.cv is None else round(min(self.cv, 1e9), 3)}
+
+
+# ---------------------------------------------------------------------------
+# slo
+# ---------------------------------------------------------------------------
+
+class SloWindow:
+    """Wait for more requests only while it lowers their expected latency and every deadline holds.
+
+    Inputs: the channel's learned cost curve (``lane.cost``: t(n) ≈ a + p·n,
+    with p including the per-token cost at the mean tokens per arrival) and
+    the channel's arrival rate λ (arrivals counted with weight e^(−age/T),
+    T = ``rate_horizon_ms``, divided by T; it decays during silence).
+
+    The rule. With q requests waiting and a device slot free, compare
+    "dispatch q now and run the next k arrivals in a second batch" against
+    "wait for k more (k/λ) and run q + k together". Summing completion times
+    over those q + k requests (with k/λ no longer than the current batch
+    would take), waiting wins by k·(a − q·p − (q + k)/λ): the fixed cost a of
+    a separate batch against the extra wait imposed on the queue. The best
+    wait is w* = (a − q·(p + 1/λ)) / 2; when w* ≤ 0 the batch closes now.
+    So a lone request at low traffic goes at once, while a fast stream on a
+    device with a large fixed cost is gathered for a few milliseconds; under
+    overload batches fill by size while the device is busy.
+
+    The wait is anchored at the channel's latest arrival (an expected arrival
+    that does not come ends it) and never ends later than:
+    - the earliest deadline − t(expected batch) − ``margin_ms`` (default 5);
+    - the oldest request's arrival + ``max_wait_ms`` (default the channel's
+      window_ms, which stays the longest a request waits);
+    - the moment the batch would be full at rate λ.
+    With no free slot the window is 0: the lane is re-decided when a slot frees.
+    If the scheduler provides ``lane.device_busy_ns`` (time until a device can
+    start the batch), waiting until ``lead_ms`` before then is free and is taken.
+    """
+
+    def __init__(self, *, max_wait_ms: float, margin_ms: float = 5.0, rate_horizon_ms: float = 250.0,
+                 lead_ms: float = 1.0):
+        self.max_wait_ns = int(max_wait_ms * MS)
+        self.margin_ns = int(margin_ms * MS)
+        self.horizon_ns = rate_horizon_ms * MS
+        self.lead_ns = int(lead_ms * MS)
+        self._weight = 0.0          # decayed arrival count at _last_arrival
+        self._last_arrival: int | None = None
+        self._tokens = 0.0          # decayed token count, for the mean tokens per arrival
+        self._wait_ns = 0
+
+    @classmethod
+    def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "SloWindow":
+        o = Options(_where(channel), options, {"max_wait_ms", "margin_ms", "rate_horizon_ms", "lead_ms"})
+        return cls(max_wait_ms=o.num("max_wait_ms", float(settings.window_ms), lo=0.0),
+                   margin_ms=o.num("margin_ms", 5.0, lo=0.0),
+                   rate_horizon_ms=o.num("rate_horizon_ms", 250.0, lo=0.0, lo_open=True),
+                   lead_ms=o.num("lead_ms", 1.0, lo=0.0))
+
+    def on_arrival(self, now_ns: int, tokens: int) -> None:
+        decay = self._decay(now_ns)
+        self._weight = self._weight * decay + 1.0
+        self._tokens = self._tokens * decay + tokens
+        self._last_arrival = now_ns if self._last_arrival is None else max(self._last_arrival, now_ns)
+
+    def on_batch_done(self, size: int, tokens: int, compute_ns: int, now_ns: int) -> None:
+        pass
+
+    def _decay(self, now_ns: int) -> float:
+        if self._last_arrival is None:
+            return 0.0
+        return math.exp(-max(0, now_ns - self._last_arrival) / self.horizon_ns)
+
+    def rate_per_ns(self, now_ns: int) -> float:
+        """Arrivals per nanosecond, as seen at `now_ns`."""
+        return self._weight * self._decay(now_ns) / self.horizon_ns
+
+    def mean_tokens(self) -> float:
+        return self._tokens / self._weight if self._weight > 0 else 0.0
+
+    def window_ns(self, now_ns: int, lane: LaneState) -> int:
+        self._wait_ns = 0
+        if lane.free_slots <= 0 or lane.queued >= lane.max_batch or lane.queued <= 0:
+            return 0
+        rate = self.rate_per_ns(now_ns)
+        if rate <= 0.0:
+            return 0
+        base, per_item, per_token = lane.cost.coefficients()
+        per_request = per_item + per_token * self.mean_tokens()
+        q = lane.queued
+        gap = 1.0 / rate
+        wait = (base - q * (per_request + gap)) / 2.0
+        wait = min(wait, (lane.max_batch - q) * gap)       # no point waiting past a full batch
+        anchor = self._last_arrival if self._last_arrival is not None else now_ns
+        end = anchor + int(wait) if wait > 0 else now_ns
+        busy = getattr(lane, "device_busy_ns", 0)
+        if busy > self.lead_ns:
+            end = max(end, now_ns + busy - self.lead_ns)   # the batch could not start earlier anyway
+        if end <= now_ns:
+            return 0
+        expected = min(lane.max_batch, q + int((end - now_ns) * rate))
+        tokens = lane.tokens + (expected - q) * self.mean_tokens()
+        latest = lane.earliest_deadline_ns - lane.cost.estimate_ns(expected, int(tokens)) - self.margin_ns
+        end = min(end, latest, lane.opened_ns + self.max_wait_ns)
+        if end <= now_ns:
+            return 0
+        self._wait_ns = end - now_ns
+        return end - lane.opened_ns
+
+    def describe(self) -> dict[str, Any]:
+        return {"policy": "slo", "window_ms": self._wait_ns / MS,
+                "rate_per_s": round(self._weight / self.horizon_ns * SECOND, 3)}
+
+
+def factories() -> dict[str, Any]:
+    """Name → factory, for the built-in windows plugin."""
+    return {"ewma": EwmaWindow.factory, "pattern": PatternWindow.factory,
+            "tiered": TieredWindow.factory, "slo": SloWindow.factory}
