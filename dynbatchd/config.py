@@ -175,6 +175,8 @@ def _check_references(cfg: Config) -> None:
         ep = getattr(cfg.daemon, ep_key)
         if not re.match(r"^(tcp|ipc|inproc)://.+", ep):
             raise ConfigError(src, f"daemon.{ep_key}", f"{ep!r} is not a ZeroMQ endpoint (tcp://, ipc://)")
+    if cfg.daemon.metrics_listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.daemon.metrics_listen):
+        raise ConfigError(src, "daemon.metrics_listen", f"{cfg.daemon.metrics_listen!r} is not HOST:PORT")
     if isinstance(cfg.devices.use, str) and cfg.devices.use != "auto":
         raise ConfigError(src, "devices.use", 'must be "auto" or a list such as ["cuda:0", "cpu"]')
     if isinstance(cfg.devices.use, list):

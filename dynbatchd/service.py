@@ -24,8 +24,10 @@ from dynbatchd.config import Config, ConfigError
 from dynbatchd.control.server import ControlServer
 from dynbatchd.devices.pool import DevicePool, Worker, detect_devices
 from dynbatchd.hookspecs import RequestInfo
+from dynbatchd.metrics import serve as serve_metrics
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import Batch, Item, Scheduler, build_channels
+from dynbatchd.telemetry import NvmlProbe
 from dynbatchd.transport import FrontEnd
 
 log = logging.getLogger("dynbatchd")
@@ -110,10 +112,16 @@ class Daemon:
             return 1
         self.front = FrontEnd(ctx, self.config.daemon.listen, self.config.daemon.max_request_bytes, self.on_request)
         self.front.io.start(loop)
+        metrics = await serve_metrics(self.config.daemon.metrics_listen, self.status) \
+            if self.config.daemon.metrics_listen else None
+        observer = asyncio.ensure_future(self._observe_devices())
         self.state = "serving"
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.daemon.listen}\nMAINPID={os.getpid()}")
         log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
         await self._stop.wait()
+        observer.cancel()
+        if metrics is not None:
+            metrics.close()
         await self._drain()
         await self._close(ipc_dir)
         return 0
@@ -273,6 +281,30 @@ class Daemon:
                     self._fail(item, P.MODEL_ERROR, f"worker for {worker.device} died twice while running this request")
         self.scheduler.requeue(retry)
         if not final:
+            self._schedule_pump()
+
+    async def _observe_devices(self, every_s: float = 1.0) -> None:
+        """Feed batch-size policies: device utilisation (NVML, else the worker's busy
+        fraction) and memory use, with each channel's queue length, once a second."""
+        probe = NvmlProbe()
+        last = {w.name: (w.stats.busy_ns, self.clock()) for w in self.pool.workers.values()}
+        while True:
+            await asyncio.sleep(every_s)
+            now = self.clock()
+            utils, mems = [], []
+            for worker in self.pool.workers.values():
+                busy0, t0 = last.get(worker.name, (worker.stats.busy_ns, now))
+                last[worker.name] = (worker.stats.busy_ns, now)
+                reading = probe.read(worker.device)
+                if reading is not None:
+                    utils.append(reading[0])
+                    mems.append(reading[1])
+                elif now > t0:
+                    utils.append(min(1.0, (worker.stats.busy_ns - busy0) / (now - t0)))
+            util = sum(utils) / len(utils) if utils else 0.0
+            mem = max(mems) if mems else 0.0
+            for channel in self.scheduler.channels.values():
+                channel.sizer.observe(utilisation=util, memory=mem, queue_len=channel.depth, now_ns=now)
             self._schedule_pump()
 
     # -- control ------------------------------------------------------------

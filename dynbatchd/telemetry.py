@@ -127,3 +127,29 @@ def health_score(qps: float, qps_target: float, p99_ms: float, p99_target_ms: fl
     p99_term = 1.0 if p99_ms <= 0 else min(1.0, p99_target_ms / p99_ms)
     return round(0.4 * qps_term + 0.3 * p99_term + 0.2 * min(1.0, max(0.0, util))
                  + 0.1 * min(1.0, max(0.0, mem_headroom)), 4)
+
+
+class NvmlProbe:
+    """GPU utilisation and memory use from NVML; silent (None) where there is no NVIDIA GPU."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception:
+            self._nvml = None
+
+    def read(self, device: str) -> tuple[float, float] | None:
+        """(utilisation 0..1, memory used 0..1) for "cuda:N", or None."""
+        if self._nvml is None or not device.startswith("cuda:"):
+            return None
+        try:
+            handle = self._nvml.nvmlDeviceGetHandleByIndex(int(device.split(":")[1]))
+            util = self._nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+            mem = self._nvml.nvmlDeviceGetMemoryInfo(handle)
+            return util, mem.used / mem.total if mem.total else 0.0
+        except Exception:
+            return None

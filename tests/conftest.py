@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -37,7 +38,13 @@ class RunningDaemon:
         return self.proc.wait(timeout)
 
 
-def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180) -> RunningDaemon:
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_extra: str = "") -> RunningDaemon:
     """Write a config (endpoints in `tmp`) plus `body`, start dynbatchd, wait until it serves."""
     endpoint, control = f"ipc://{tmp}/req.sock", f"ipc://{tmp}/ctl.sock"
     config = tmp / "dynbatchd.toml"
@@ -46,6 +53,7 @@ def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180) -> Running
         listen = "{endpoint}"
         control = "{control}"
         drain_timeout_s = 20
+        {daemon_extra}
         [devices]
         use = ["cpu"]
         cpu_threads = 2
@@ -113,7 +121,10 @@ MINILM = """
 
 @pytest.fixture(scope="session")
 def sim_daemon(tmp_path_factory):
-    daemon = start_daemon(tmp_path_factory.mktemp("sim"), SIMULATED)
+    port = free_port()
+    daemon = start_daemon(tmp_path_factory.mktemp("sim"), SIMULATED,
+                          daemon_extra=f'metrics_listen = "127.0.0.1:{port}"')
+    daemon.metrics_url = f"http://127.0.0.1:{port}/metrics"
     yield daemon
     daemon.stop()
 

@@ -204,3 +204,19 @@ def test_a_worker_that_dies_is_restarted_and_its_requests_answered(tmp_path):
         assert device["restarts"] >= 1 and device["state"] == "ready"
     finally:
         daemon.stop()
+
+
+def test_prometheus_metrics_endpoint(sim_daemon):
+    import urllib.error
+    import urllib.request
+
+    with Client(sim_daemon.endpoint) as client:
+        client.infer("sim", "counted")
+    body = urllib.request.urlopen(sim_daemon.metrics_url, timeout=10).read().decode()
+    assert "# TYPE dynbatchd_requests_completed_total counter" in body
+    completed = [line for line in body.splitlines()
+                 if line.startswith('dynbatchd_requests_completed_total{channel="standard"}')]
+    assert completed and float(completed[0].split()[-1]) >= 1
+    assert 'dynbatchd_device_busy_ratio{device="cpu",simulated="true"}' in body
+    with pytest.raises(urllib.error.HTTPError):
+        urllib.request.urlopen(sim_daemon.metrics_url.replace("/metrics", "/other"), timeout=10)
