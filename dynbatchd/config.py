@@ -101,6 +101,11 @@ class ComplianceSettings(Frozen, kw_only=True):
     banking_max_window_ms: Millis = 150.0
 
 
+class CacheSettings(Frozen, kw_only=True):
+    entries: NonNegative = 0
+    warmup_channel: str = ""
+
+
 class Config(Frozen, kw_only=True):
     daemon: DaemonSettings = DaemonSettings()
     devices: DeviceSettings = DeviceSettings()
@@ -108,6 +113,7 @@ class Config(Frozen, kw_only=True):
     channels: dict[str, ChannelSettings]
     routing: RoutingSettings = RoutingSettings()
     compliance: ComplianceSettings = ComplianceSettings()
+    cache: CacheSettings = CacheSettings()
     plugins: dict[str, dict[str, Any]] = {}
     source: str = "<memory>"
 
@@ -162,6 +168,8 @@ def _check_references(cfg: Config) -> None:
         raise ConfigError(src, "models", "at least one model is required")
     if cfg.routing.default not in cfg.channels:
         raise ConfigError(src, "routing.default", f"names unknown channel {cfg.routing.default!r}")
+    if cfg.cache.warmup_channel and cfg.cache.warmup_channel not in cfg.channels:
+        raise ConfigError(src, "cache.warmup_channel", f"names unknown channel {cfg.cache.warmup_channel!r}")
     for i, rule in enumerate(cfg.routing.rules):
         if rule.channel not in cfg.channels:
             raise ConfigError(src, f"routing.rules[{i}].channel", f"names unknown channel {rule.channel!r}")

@@ -15,11 +15,13 @@ import os
 import signal
 import tempfile
 import time
+from collections import deque
 from typing import Any, Callable
 
 import zmq
 
 from dynbatchd import __version__, config as cfgmod, protocol as P, systemd
+from dynbatchd.cache import ResultCache
 from dynbatchd.config import Config, ConfigError
 from dynbatchd.control.server import ControlServer
 from dynbatchd.devices.pool import DevicePool, Worker, detect_devices
@@ -83,7 +85,8 @@ class Daemon:
         self.front: FrontEnd | None = None
         self.pool: DevicePool | None = None
         self.control: ControlServer | None = None
-        self.warm_cache: dict[tuple[str, str], Any] = {}
+        self.cache = ResultCache(config.cache.entries) if config.cache.entries else None
+        self._warmup_backlog: deque[tuple[str, str]] = deque()
 
     # -- lifecycle ----------------------------------------------------------
     async def run(self) -> int:
@@ -190,6 +193,11 @@ class Daemon:
                 front.reject(envelope, request.id, P.REFUSED, reason)
                 return
         now = self.clock()
+        if self.cache is not None and request.text is not None:
+            hit = self.cache.get((request.model, request.text))
+            if hit is not None:
+                self._reply_cached(envelope, request, channel, hit, now)
+                return
         deadline_ms = request.deadline_ms or config.channels[channel].deadline_ms
         self._keys += 1
         item = Item(self._keys, request.model, now, now + int(deadline_ms * 1e6), tokens, request.tenant,
@@ -200,6 +208,17 @@ class Daemon:
             return
         self._schedule_pump()
 
+    def _reply_cached(self, envelope: list[bytes], request: P.Request, channel: str, hit: tuple, now: int) -> None:
+        output, data = hit
+        timing = P.Timing(0, 0, (self.clock() - now) // 1000, 0, channel, "cache")
+        if data is not None:
+            self.front.reply(envelope, P.Reply(request.id, True, tensor=output, timing=timing), (data,))
+        else:
+            self.front.reply(envelope, P.Reply(request.id, True, value=output, timing=timing))
+        stats = self.scheduler.channels[channel].stats
+        stats.completed += 1
+        stats.latency.record((self.clock() - now) / 1000)
+
     # -- scheduling ---------------------------------------------------------
     def _schedule_pump(self) -> None:
         if not self._pump_scheduled:
@@ -208,6 +227,8 @@ class Daemon:
 
     def _pump(self) -> None:
         self._pump_scheduled = False
+        if self._warmup_backlog:
+            self._feed_warmup()
         now = self.clock()
         decision = self.scheduler.poll(now, self.pool.free_slots())
         for item in decision.expired:
@@ -242,16 +263,22 @@ class Daemon:
             buf = memoryview(frames[0])
             row = len(buf) // n if n else 0
             item_ref = P.TensorRef(out.dtype, out.shape[1:], 0)
+        cache = self.cache
         for i, item in enumerate(batch.items):
             envelope, request, _ = item.payload
             if i in result.errors:
                 self._fail(item, P.MODEL_ERROR, result.errors[i])
                 continue
+            data = buf[i * row:(i + 1) * row] if out is not None else None
+            if cache is not None and request.text is not None:
+                cache.put((batch.model, request.text), item_ref if out is not None else result.values[i],
+                          bytes(data) if data is not None else None)
+            if envelope is None:  # a warmup input: it only fills the cache
+                continue
             timing = P.Timing((batch.formed_ns - item.arrival_ns) // 1000, compute_us,
                               (now - item.arrival_ns) // 1000, n, batch.channel, worker.device, result.simulated)
             if out is not None:
-                reply = P.Reply(request.id, True, tensor=item_ref, timing=timing)
-                self.front.reply(envelope, reply, (buf[i * row:(i + 1) * row],))
+                self.front.reply(envelope, P.Reply(request.id, True, tensor=item_ref, timing=timing), (data,))
             else:
                 self.front.reply(envelope, P.Reply(request.id, True, value=result.values[i], timing=timing))
             stats.completed += 1
@@ -262,6 +289,8 @@ class Daemon:
 
     def _fail(self, item: Item, code: str, message: str) -> None:
         envelope, request, _ = item.payload
+        if envelope is None:  # a warmup input: nobody waits for it
+            return
         stats = self.scheduler.channels[item.channel].stats
         if code != P.DEADLINE_EXCEEDED:
             stats.failed += 1
@@ -307,6 +336,37 @@ class Daemon:
                 channel.sizer.observe(utilisation=util, memory=mem, queue_len=channel.depth, now_ns=now)
             self._schedule_pump()
 
+    # -- warmup -------------------------------------------------------------
+    def warmup(self, model: str | None, top_users: int) -> dict[str, int]:
+        """Queue the inputs the warmup plugins name; they run in the warmup channel as it has room."""
+        models = [model] if model else list(self.config.models)
+        jobs = [job for m in models for job in self.plugins.warmup_jobs(m, top_users, self.config)]
+        fresh = cached = 0
+        for job in jobs:
+            for text in job.inputs:
+                if (job.model, text) in self.cache:
+                    cached += 1
+                else:
+                    self._warmup_backlog.append((job.model, text))
+                    fresh += 1
+        self._schedule_pump()
+        return {"queued": fresh, "already_cached": cached, "backlog": len(self._warmup_backlog)}
+
+    def _feed_warmup(self) -> None:
+        """Top up the warmup channel to half its queue, so warmup never crowds out live traffic."""
+        channel_name = self.config.cache.warmup_channel or self.config.routing.default
+        channel = self.scheduler.channels[channel_name]
+        room = channel.settings.queue_limit // 2 - channel.depth
+        now = self.clock()
+        while room > 0 and self._warmup_backlog:
+            model, text = self._warmup_backlog.popleft()
+            self._keys += 1
+            request = P.Request(0, model, text=text)
+            item = Item(self._keys, model, now, now + 3_600 * 10**9, estimate_tokens(request), None,
+                        (None, request, []), channel_name)
+            self.scheduler.submit(item, now)
+            room -= 1
+
     # -- control ------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         now = self.clock()
@@ -318,6 +378,7 @@ class Daemon:
                        "dropped": self.front.dropped if self.front else 0},
             "channels": self.scheduler.snapshot(),
             "devices": self.pool.snapshot() if self.pool else [],
+            "cache": {**self.cache.snapshot(), "warmup_backlog": len(self._warmup_backlog)} if self.cache is not None else None,
         }
 
     def apply_config(self, new: Config) -> list[str]:

@@ -136,6 +136,10 @@ def status(ctx: typer.Context, as_json: bool = JsonOption) -> None:
         dev.add_row(name, str(w["pid"]), w["state"], str(w["inflight"]), str(w["batches"]), str(w["items"]),
                     _pct(w["busy_fraction"]), str(w["restarts"]))
     out.print(dev)
+    if data.get("cache"):
+        c = data["cache"]
+        out.print(f"cache: {c['entries']}/{c['capacity']} entries, hit rate {_pct(c['hit_rate'])}, "
+                  f"warmup backlog {c['warmup_backlog']}", highlight=False)
 
 
 @app.command()
@@ -190,6 +194,23 @@ def reload(ctx: typer.Context) -> None:
 def show_config(ctx: typer.Context) -> None:
     """Print the configuration the daemon runs with, as JSON."""
     _emit_json(_control(ctx, "config"))
+
+
+@app.command()
+def warmup(ctx: typer.Context,
+           top_users: int = typer.Option(10_000, "--top-users", min=1, help="How many of the most active users."),
+           model: Optional[str] = typer.Option(None, help="Only this model [default: every model]."),
+           as_json: bool = JsonOption) -> None:
+    """Precompute the top users' inputs into the result cache (run it from cron, off-peak).
+
+    Example crontab line: 0 3 * * * dynbatchctl warmup --top-users 10000
+    """
+    data = _control(ctx, "warmup", top_users=top_users, **({"model": model} if model else {}))
+    if as_json:
+        _emit_json(data)
+    else:
+        out.print(f"queued {data['queued']} inputs for warmup ({data['already_cached']} already cached, "
+                  f"backlog {data['backlog']})", highlight=False)
 
 
 @app.command()

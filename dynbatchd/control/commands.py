@@ -75,6 +75,20 @@ def reload(daemon) -> dict[str, Any]:
         raise CommandError(f"reload refused, running configuration kept: {exc}") from None
 
 
+def warmup(daemon, top_users: int = 10_000, model: str | None = None) -> dict[str, Any]:
+    """`warmup [top_users=N] [model=NAME]` -> {"queued", "already_cached", "backlog"}.
+
+    Asks the warmup plugins which inputs the top users will send and
+    precomputes them into the result cache through the warmup channel (the
+    bulk path), a little at a time. Needs ``[cache] entries > 0``.
+    """
+    if daemon.cache is None:
+        raise CommandError("the result cache is off: set [cache] entries in the config to use warmup")
+    if model is not None and model not in daemon.config.models:
+        raise CommandError(f"no model named {model!r}")
+    return daemon.warmup(model, int(top_users))
+
+
 def stop(daemon) -> dict[str, Any]:
     """`stop` -> {"state": "draining"}: drain and exit (same as SIGTERM)."""
     daemon.request_stop()
@@ -83,5 +97,5 @@ def stop(daemon) -> dict[str, Any]:
 
 COMMANDS: dict[str, Callable[..., Any]] = {
     "ping": ping, "status": status, "plugins": plugins, "config": config,
-    "tune": tune, "reload": reload, "stop": stop,
+    "tune": tune, "reload": reload, "warmup": warmup, "stop": stop,
 }

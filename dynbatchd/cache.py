@@ -1,0 +1,48 @@
+"""A bounded result cache for text inputs, filled by traffic and by warmup jobs.
+
+The e-commerce case: during a peak, low-frequency users crowded the cache
+while top users recomputed. A nightly warmup (``dynbatchctl warmup
+--top-users 10000`` from cron) precomputes the inputs that the warmup plugins
+name, off-peak, so the peak serves them from here. Keys are (model, text);
+values are the encoded output (tensor descriptor plus bytes, or a plain value).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+
+class ResultCache:
+    def __init__(self, entries: int):
+        self.capacity = entries
+        self._data: OrderedDict[tuple[str, str], tuple[Any, bytes | None]] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._data
+
+    def get(self, key: tuple[str, str]) -> tuple[Any, bytes | None] | None:
+        entry = self._data.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self._data.move_to_end(key)
+        self.hits += 1
+        return entry
+
+    def put(self, key: tuple[str, str], output: Any, data: bytes | None) -> None:
+        """Keep `output` (a TensorRef with `data`, or a plain value); the least recently used goes first."""
+        self._data[key] = (output, data)
+        self._data.move_to_end(key)
+        while len(self._data) > self.capacity:
+            self._data.popitem(last=False)
+
+    def snapshot(self) -> dict[str, Any]:
+        looked = self.hits + self.misses
+        return {"entries": len(self._data), "capacity": self.capacity, "hits": self.hits,
+                "misses": self.misses, "hit_rate": self.hits / looked if looked else 0.0}

@@ -1,0 +1,72 @@
+"""Result cache and warmup: the top users' inputs are precomputed, then served from the cache."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from dynbatchd.cache import ResultCache
+from dynbatchd.client import Client
+from dynbatchd_plugins.warmup import top_user_inputs
+from conftest import start_daemon
+
+
+def test_cache_is_bounded_and_least_recently_used_goes_first():
+    cache = ResultCache(2)
+    cache.put(("m", "a"), 1, None)
+    cache.put(("m", "b"), 2, None)
+    assert cache.get(("m", "a")) == (1, None)      # a is now the most recently used
+    cache.put(("m", "c"), 3, None)
+    assert ("m", "b") not in cache and ("m", "a") in cache and len(cache) == 2
+    assert cache.snapshot()["hits"] == 1
+
+
+def test_top_users_are_ranked_by_activity(tmp_path):
+    source = tmp_path / "users.jsonl"
+    source.write_text("\n".join(json.dumps(r) for r in [
+        {"user": "light", "requests": 2, "text": "rarely"},
+        {"user": "heavy", "requests": 90, "text": "often one"},
+        {"user": "heavy", "requests": 10, "text": "often two"},
+        {"user": "mid", "requests": 50, "text": "sometimes"},
+    ]) + "\nnot json\n")
+    assert top_user_inputs(source, 2) == ["often one", "often two", "sometimes"]
+
+
+def test_warmup_fills_the_cache_and_requests_are_served_from_it(tmp_path):
+    source = tmp_path / "users.jsonl"
+    source.write_text("\n".join(json.dumps({"user": f"u{i}", "requests": 100 - i, "text": f"profile of user {i}"})
+                                for i in range(10)))
+    daemon = start_daemon(tmp_path, f"""
+        [models.sim]
+        runner = "simulated"
+        options = {{ base_ms = 1.0 }}
+        [channels.standard]
+        max_batch = 8
+        window_ms = 2
+        [channels.bulk]
+        max_batch = 4
+        window_ms = 5
+        [routing]
+        default = "standard"
+        [cache]
+        entries = 100
+        warmup_channel = "bulk"
+        [plugins.warmup]
+        source = "{source}"
+    """)
+    try:
+        queued = daemon.call("warmup", top_users=3)
+        assert queued == {"queued": 3, "already_cached": 0, "backlog": 3}
+        deadline = time.monotonic() + 30
+        while daemon.status()["cache"]["entries"] < 3:
+            assert time.monotonic() < deadline, "warmup did not finish"
+        assert daemon.status()["channels"]["bulk"]["batches"] >= 1     # it ran in the warmup channel
+        with Client(daemon.endpoint) as client:
+            hit = client.infer_result("sim", "profile of user 0")
+            miss = client.infer_result("sim", "profile of user 9")
+        assert hit.timing.device == "cache" and hit.timing.batch_size == 0
+        assert hit.output.tolist() == [len("profile of user 0"), 5.0]
+        assert miss.timing.device == "cpu"
+        assert daemon.call("warmup", top_users=3)["already_cached"] == 3
+    finally:
+        daemon.stop()
