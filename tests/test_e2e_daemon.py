@@ -199,7 +199,7 @@ def test_a_worker_that_dies_is_restarted_and_its_requests_answered(tmp_path):
         with Client(daemon.endpoint) as client:
             with pytest.raises(ModelError, match="died"):
                 client.infer("echo", "crash", timeout=60)
-            assert client.infer("echo", "after", timeout=120) == "after"
+            assert client.infer("echo", "after", deadline_ms=60_000, timeout=120) == "after"
         [device] = daemon.status()["devices"]
         assert device["restarts"] >= 1 and device["state"] == "ready"
     finally:

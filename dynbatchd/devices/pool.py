@@ -128,7 +128,7 @@ class DevicePool:
                       worker.stats.restarts, worker.device)
             return
         worker.stats.restarts += 1
-        await asyncio.sleep(min(30.0, 0.5 * 2 ** worker.stats.restarts))
+        await asyncio.sleep(min(30.0, 0.25 * 2 ** (worker.stats.restarts - 1)))  # back off: 0.25 s, 0.5 s, 1 s...
         if not self._closing:
             await self._spawn(worker)
 

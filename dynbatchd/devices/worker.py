@@ -144,10 +144,8 @@ def decode_inputs(msg: P.BatchMsg, frames: list[bytes]) -> tuple[list[Any], list
 def load_runners(setup: P.Setup) -> dict[str, Runner]:
     from dynbatchd.plugins import Plugins
 
-    if setup.threads:
-        import torch
-
-        torch.set_num_threads(setup.threads)
+    if setup.threads:  # read by torch (and BLAS) at import: no need to import torch for other runners
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(setup.threads)
     registry = Plugins.load().runners()
     runners = {}
     for spec in setup.models:
