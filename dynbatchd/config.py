@@ -75,6 +75,7 @@ class ChannelSettings(Frozen, kw_only=True):
     isolated: bool = False
     run_late: bool = False
     max_tokens: NonNegative = 0
+    token_buckets: list[NonNegative] = []
     min_share: Annotated[float, Meta(ge=0, le=1)] = 0.0
     carries: list[str] = []
     window: WindowSettings | None = None
@@ -179,6 +180,8 @@ def _check_references(cfg: Config) -> None:
         if ch.window_ms > ch.deadline_ms:
             raise ConfigError(src, f"channels.{name}.window_ms",
                               f"window {ch.window_ms:g} ms exceeds the channel deadline {ch.deadline_ms:g} ms")
+        if ch.token_buckets != sorted(set(ch.token_buckets)):
+            raise ConfigError(src, f"channels.{name}.token_buckets", "must be strictly increasing token counts")
     for ep_key in ("listen", "control"):
         ep = getattr(cfg.daemon, ep_key)
         if not re.match(r"^(tcp|ipc|inproc)://.+", ep):

@@ -197,3 +197,51 @@ def test_thousands_of_arrivals_replay_fast_and_every_request_is_accounted_for():
     expired += len(d.expired)
     assert done + expired + rejected + s.depth() == 5000
     assert rejected > 0 and done > 3000
+
+
+def test_under_overload_realtime_keeps_its_deadline_and_standard_absorbs_the_delay():
+    s = make(realtime=ChannelSettings(max_batch=4, window_ms=0, deadline_ms=70, priority=2),
+             standard=ChannelSettings(max_batch=4, window_ms=0, deadline_ms=1000, priority=1))
+    s.channels["realtime"].cost.observe(4, 0, 40 * MS)
+    s.channels["standard"].cost.observe(4, 0, 40 * MS)
+    # Batches take 40 ms. A standard request that has waited 930 ms is due at 1000 ms; a fresh
+    # realtime one at 1000 ms too. Only one can start now; the other could only end at 1010.
+    old_standard = item("standard", 0, deadline_ms=1000)
+    fresh_realtime = item("realtime", 930, deadline_ms=70)
+    submit_all(s, [old_standard, fresh_realtime])
+    first = s.poll(930 * MS, free_slots=1).batches[0]
+    assert first.channel == "realtime"   # both urgent: the higher priority goes first
+    # By then standard cannot finish in time: it is answered, not run late on a busy device.
+    assert s.poll(970 * MS, free_slots=1).expired == [old_standard]
+
+
+def test_not_urgent_work_is_earliest_deadline_first_whatever_the_priority():
+    s = make(realtime=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=5000, priority=9),
+             standard=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=1000, priority=0))
+    submit_all(s, [item("realtime", 0, deadline_ms=5000), item("standard", 0, deadline_ms=1000)])
+    assert s.poll(0, free_slots=1).batches[0].channel == "standard"
+
+
+def test_token_buckets_keep_short_requests_apart_from_long_ones():
+    s = make(c=ChannelSettings(max_batch=8, window_ms=0, token_buckets=[512, 4096]))
+    submit_all(s, [item("c", 0, tokens=100), item("c", 0, tokens=9000), item("c", 0, tokens=300),
+                   item("c", 0, tokens=2000), item("c", 0, tokens=512)])
+    batches = s.poll(0, free_slots=4).batches
+    assert sorted(sorted(i.tokens for i in b.items) for b in batches) == [[100, 300, 512], [2000], [9000]]
+
+
+def test_minimum_share_follows_recent_dispatches_not_lifetime_totals():
+    s = make(a=ChannelSettings(max_batch=1, window_ms=0, min_share=0.3, deadline_ms=60_000),
+             b=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=60_000))
+    # Long ago, `a` was served 200 times; afterwards `b` floods with earlier deadlines.
+    for t in range(200):
+        s.submit(item("a", t, deadline_ms=60_000), t * MS)
+        s.poll(t * MS, free_slots=1)
+    for t in range(200, 1200):
+        s.submit(item("b", t, deadline_ms=5_000), t * MS)
+        s.submit(item("a", t, deadline_ms=50_000), t * MS)
+    served = [s.poll(1200 * MS + k, free_slots=1).batches[0].channel for k in range(800)]
+    # Earliest-deadline-first alone would serve only b; `a` gets its share back once its
+    # old dispatches have faded, instead of being judged on lifetime totals forever.
+    assert served[:50].count("a") == 0
+    assert 0.25 <= served[-200:].count("a") / 200 <= 0.4

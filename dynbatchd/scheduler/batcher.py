@@ -49,6 +49,15 @@ class Scheduler:
         self.channels = channels
         self.draining = False
         self._next_batch_id = 0
+        self._recent = {name: 0.0 for name in channels}  # requests dispatched, decayed per batch
+
+    SHARE_MEMORY = 0.99  # each batch, older dispatches count 1% less: shares follow the last ~100 batches
+
+    def _count_share(self, name: str, size: int) -> None:
+        recent = self._recent
+        for key in recent:
+            recent[key] *= self.SHARE_MEMORY
+        recent[name] += size
 
     # -- inputs -------------------------------------------------------------
     def submit(self, item: Item, now_ns: int) -> bool:
@@ -88,23 +97,37 @@ class Scheduler:
                 break
             channel, lane = pick
             self._next_batch_id += 1
-            decision.batches.append(channel.form(lane, self._next_batch_id, now_ns))
+            batch = channel.form(lane, self._next_batch_id, now_ns)
+            decision.batches.append(batch)
+            self._count_share(channel.name, len(batch.items))
             free_slots -= 1
         return decision
 
     def _most_urgent_ready(self, now_ns: int, free_slots: int) -> tuple[Channel, Lane] | None:
-        """Earliest deadline first among ready lanes; a channel under its minimum share goes first."""
+        """Which ready lane a free slot serves.
+
+        1. A channel below its configured minimum share of dispatched requests
+           (so no channel starves forever under overload);
+        2. then lanes whose most urgent request cannot wait another batch time,
+           higher channel priority first (realtime keeps its deadlines, lower
+           channels absorb the delay);
+        3. then earliest deadline first.
+        """
         best = None
         best_key = None
-        total = sum(c.dispatched_items for c in self.channels.values()) or 1
+        total = sum(self._recent.values()) or 1.0
         for channel in self.channels.values():
             if not channel.depth:
                 continue
-            starved = channel.settings.min_share > 0 and channel.dispatched_items / total < channel.settings.min_share
+            settings = channel.settings
+            starved = settings.min_share > 0 and self._recent[channel.name] / total < settings.min_share
+            batch_time = channel.cost.estimate_ns(channel.sizer.max_batch())
             for lane in channel.lanes.values():
                 if channel.ready_at(lane, now_ns, free_slots, self.draining) > now_ns:
                     continue
-                key = (not starved, lane.head_deadline(), -channel.settings.priority)
+                deadline = lane.head_deadline()
+                urgent = deadline - batch_time - channel.cost.estimate_ns(len(lane), lane.tokens) <= now_ns
+                key = (not starved, not urgent, -settings.priority if urgent else 0, deadline)
                 if best_key is None or key < best_key:
                     best, best_key = (channel, lane), key
         return best

@@ -1,12 +1,14 @@
 """A channel: bounded queues in deadline order, and the rule for when a batch is ready.
 
-A channel holds one *lane* per model (and, for isolated channels, per tenant):
-a batch is always cut from one lane, so requests of different models, or of
-different tenants of a regulated channel, never share a batch.
+A channel holds one *lane* per model (and, for isolated channels, per tenant;
+with ``token_buckets``, per length bucket): a batch is always cut from one
+lane, so requests of different models, or of different tenants of a regulated
+channel, never share a batch, and short requests never pad up to long ones.
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from collections import deque
 from dataclasses import dataclass, field
@@ -48,6 +50,7 @@ class Batch:
 class Lane:
     model: str
     tenant: str | None
+    bucket: int = 0                                 # length bucket (token_buckets), so short never pads to long
     heap: list = field(default_factory=list)        # (deadline_ns, key, item): most urgent first
     arrivals: deque = field(default_factory=deque)  # the same items in arrival order, taken ones skipped lazily
     tokens: int = 0
@@ -94,11 +97,15 @@ class Channel:
         self.cost = CostModel()
         self.dispatched_items = 0   # lifetime, for minimum-share accounting
 
-    def lane_for(self, model: str, tenant: str | None) -> Lane:
-        key = (model, tenant) if self.settings.isolated else model
+    def lane_for(self, item: Item) -> Lane:
+        """The lane of `item`: its model, its tenant in an isolated channel, its length bucket."""
+        settings = self.settings
+        tenant = item.tenant if settings.isolated else None
+        bucket = bisect.bisect_left(settings.token_buckets, item.tokens) if settings.token_buckets else 0
+        key = (item.model, tenant, bucket)
         lane = self.lanes.get(key)
         if lane is None:
-            lane = self.lanes[key] = Lane(model, tenant if self.settings.isolated else None)
+            lane = self.lanes[key] = Lane(item.model, tenant, bucket=bucket)
         return lane
 
     def offer(self, item: Item, now_ns: int) -> bool:
@@ -106,7 +113,7 @@ class Channel:
         if self.depth >= self.settings.queue_limit:
             self.stats.overloaded += 1
             return False
-        self.lane_for(item.model, item.tenant).push(item)
+        self.lane_for(item).push(item)
         self.depth += 1
         self.stats.accepted += 1
         self.window.on_arrival(now_ns, item.tokens)
@@ -114,7 +121,7 @@ class Channel:
 
     def requeue(self, item: Item) -> None:
         """Put back an item that was dispatched but not run (its worker died); bypasses the bound."""
-        self.lane_for(item.model, item.tenant).push(item)
+        self.lane_for(item).push(item)
         self.depth += 1
 
     def expire(self, now_ns: int, out: list[Item]) -> None:

@@ -252,6 +252,7 @@ class PatternWindow:
         self.tiers = tiers or TieredWindow.parse_tiers([dict(t) for t in DEFAULT_TIERS], "tiers")
         self._times: deque[int] = deque(maxlen=max_samples)
         self._at: int | None = None          # when the class was last computed
+        self._first: int | None = None       # first arrival seen
         self.traffic = "steady"
         self.rate_per_s = 0.0
         self.baseline_per_s: float | None = None
@@ -280,6 +281,8 @@ class PatternWindow:
                    tiers=tiers, **kw)
 
     def on_arrival(self, now_ns: int, tokens: int) -> None:
+        if self._first is None:
+            self._first = now_ns
         self._times.append(now_ns)
 
     def on_batch_done(self, size: int, tokens: int, compute_ns: int, now_ns: int) -> None:
@@ -297,13 +300,16 @@ class PatternWindow:
         held = self.span_ns if n < (times.maxlen or 0) else max(1, now_ns - times[0])
         self.rate_per_s = n * SECOND / held
         if self.baseline_per_s is None:
-            self.baseline_per_s = self.rate_per_s
+            # The baseline starts once a whole span has been watched; until then no surge is claimed.
+            if self._first is not None and now_ns - self._first >= self.span_ns:
+                self.baseline_per_s = self.rate_per_s
         else:
             dt = max(0, now_ns - (self._at or now_ns))
             self.baseline_per_s += (1.0 - math.exp(-dt / self.baseline_ns)) * (self.rate_per_s - self.baseline_per_s)
         self._at = now_ns
         self.cv = self._cv(times)
-        ratio = (self.rate_per_s + 1e-9) / (self.baseline_per_s + 1e-9)
+        base = self.baseline_per_s
+        ratio = 1.0 if base is None else (self.rate_per_s + 1e-9) / (base + 1e-9)
         if self.cv is None:
             self.traffic = "steady"
         elif ratio >= self.burst_ratio or self.cv >= self.burst_cv:
