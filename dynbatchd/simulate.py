@@ -397,7 +397,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
              device: DeviceModel | None = None, devices: int = 1, inflight: int = 2,
              window_policies: Mapping[str, Any] | None = None, sizers: Mapping[str, Any] | None = None,
              route: Router | None = None, routing: Any = None, plugins: Any = None,
-             util_span_ms: float = 1000.0, feed_sizers: bool = True,
+             util_span_ms: float = 1000.0, feed_sizers: bool = True, dispatch: str = "fewest",
              max_events: int = 50_000_000) -> SimResult:
     """Run `arrivals` through the real scheduler on `devices` simulated devices.
 
@@ -409,8 +409,15 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     that names a channel goes there. After each finished batch, the channel's
     batch sizer is told the devices' busy fraction over the last
     `util_span_ms`, the batch's memory fraction and its queue length.
+
+    `dispatch`: "fewest" sends a batch to the device holding the fewest
+    batches, as ``DevicePool.dispatch`` does; "soonest" (a what-if) to the
+    device that will be free first.
     """
     device = device or DeviceModel()
+    if dispatch not in ("fewest", "soonest"):
+        raise ValueError(f"dispatch must be 'fewest' or 'soonest', not {dispatch!r}")
+    soonest = dispatch == "soonest"
     if devices < 1 or inflight < 1:
         raise ValueError("need at least one device with at least one slot")
     trace = sorted((as_arrival(a) for a in arrivals), key=lambda a: a.at_ns)
@@ -450,7 +457,10 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
         for item in decision.expired:
             answer(item.payload, EXPIRED, at)
         for batch in decision.batches:
-            dev = min(devs, key=lambda d: d.held)   # the pool's choice: fewest batches in flight
+            if soonest:
+                dev = min((d for d in devs if d.held < inflight), key=lambda d: (max(d.free_at, at), d.held))
+            else:   # the pool's choice: fewest batches in flight
+                dev = min(devs, key=lambda d: d.held)
             dev.held += 1
             free -= 1
             compute, errors, oom = _execute(device, batch.items)

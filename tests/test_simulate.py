@@ -184,3 +184,19 @@ def test_every_registered_policy_answers_everything(kind):
         r = simulate({"s": settings}, trace, device=DEV, window_policies=windows, sizers=sizers)
         assert sum(r.counts().values()) == len(trace), name
         assert r.counts()["completed"] > 0, name
+
+
+def test_dispatch_what_if_sends_to_the_device_free_first():
+    # Device 0 runs 20 items (0-18 ms), device 1 four (1-11 ms); both hold one batch when a third
+    # is cut at 2 ms. The pool's rule (fewest held, then lowest index) queues it on device 0 behind
+    # the long batch; the "soonest" what-if puts it on device 1.
+    ch1 = {"s": ch(max_batch=20, window_ms=0)}
+    trace = [(0, 0, "s")] * 20 + [(1 * MS, 0, "s")] * 4 + [(2 * MS, 0, "s")]
+    fewest = simulate(ch1, trace, device=DEV, devices=2, inflight=2)
+    assert [(b.device, b.start_ns, b.end_ns) for b in fewest.batches] == [
+        (1, 1 * MS, 11 * MS), (0, 0, 18 * MS), (0, 18 * MS, 26.5 * MS)]
+    soonest = simulate(ch1, trace, device=DEV, devices=2, inflight=2, dispatch="soonest")
+    assert [(b.device, b.start_ns, b.end_ns) for b in soonest.batches] == [
+        (1, 1 * MS, 11 * MS), (0, 0, 18 * MS), (1, 11 * MS, 19.5 * MS)]
+    with pytest.raises(ValueError):
+        simulate(ch1, trace, dispatch="random")

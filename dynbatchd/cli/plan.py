@@ -141,7 +141,8 @@ def build_plan(config: Path | None, model: str | None, memory_gb: float | None, 
 
 def render(data: dict[str, Any], console: Console) -> None:
     m, dev, mem = data["model"], data["device"], data["memory"]
-    console.print(f"[bold]{m['name']}[/bold] ({m['kind']}, {m['layers']} layers, {m['kv_heads']} kv heads × "
+    heads = f"{m['kv_heads']} kv heads" if m["kind"] == "decoder" else f"{m['heads']} heads"
+    console.print(f"[bold]{m['name']}[/bold] ({m['kind']}, {m['layers']} layers, {heads} × "
                   f"{m['head_dim']}, {m['seq_len']} tokens, {m['bytes_per_elem']} B/elem) on {dev['name']} "
                   f"{_size(dev['total_bytes'])} [dim](from {dev['source']})[/dim]", highlight=False)
     steps = Table(title="memory arithmetic")
