@@ -200,3 +200,53 @@ def test_dispatch_what_if_sends_to_the_device_free_first():
         (1, 1 * MS, 11 * MS), (0, 0, 18 * MS), (1, 11 * MS, 19.5 * MS)]
     with pytest.raises(ValueError):
         simulate(ch1, trace, dispatch="random")
+
+
+# -- the benchmark traces ------------------------------------------------------
+
+def _traces():
+    import sys
+    from pathlib import Path
+
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    from benchmarks import traces
+    return traces
+
+
+def test_phased_trace_has_three_phases_with_the_guides_mix():
+    traces = _traces()
+    t = traces.phased(seconds=(2.0, 1.0, 2.0), seed=3)
+    assert [p[0] for p in t.phases] == ["steady-low", "burst", "steady-medium"]
+    rates = [sum(1 for a in t.arrivals if lo <= a.at_ns < hi) / ((hi - lo) / 1e9) for _, lo, hi in t.phases]
+    assert rates[1] == pytest.approx(4 * rates[0], rel=0.15) and rates[2] == pytest.approx(2 * rates[0], rel=0.15)
+    short = sum(a.tokens <= 512 for a in t.arrivals) / len(t.arrivals)
+    long_ = sum(a.tokens > 2048 for a in t.arrivals) / len(t.arrivals)
+    assert short == pytest.approx(0.7, abs=0.03) and long_ == pytest.approx(0.1, abs=0.02)
+    assert traces.phased(seconds=(2.0, 1.0, 2.0), seed=3).arrivals == t.arrivals   # deterministic
+
+
+def test_k12_trace_is_95_percent_short_and_labels_the_guides_routing():
+    traces = _traces()
+    t = traces.k12_surge(surge_s=4.0, before_s=2.0, after_s=2.0)
+    long_ = [a for a in t.arrivals if a.tokens > 10_000]
+    assert len(long_) / len(t.arrivals) == pytest.approx(0.05, abs=0.01)
+    assert all(a.label == "bulk" for a in long_)
+    assert all(a.label == "realtime" for a in t.arrivals if "urgent" in a.tags)
+    assert all(a.tokens < 512 for a in t.arrivals if a.label != "bulk")
+    lo, hi = t.phase("surge")
+    before = t.phase("before")
+    surge_rate = sum(lo <= a.at_ns < hi for a in t.arrivals) / ((hi - lo) / 1e9)
+    base_rate = sum(before[0] <= a.at_ns < before[1] for a in t.arrivals) / ((before[1] - before[0]) / 1e9)
+    assert surge_rate == pytest.approx(4 * base_rate, rel=0.15)
+
+
+def test_azure_trace_loads_compressed_or_skips():
+    traces = _traces()
+    if not traces.azure_available():
+        pytest.skip(f"{traces.AZURE_CSV} not present")
+    t = traces.azure_conv(compress=60.0, start_s=1200.0, span_s=120.0)
+    assert t.arrivals and all(0 <= a.at_ns < 2_000_000_000 for a in t.arrivals)
+    assert len(t.phases) == 2 and all(a.tokens >= 1 for a in t.arrivals)
+    assert [a.at_ns for a in t.arrivals] == sorted(a.at_ns for a in t.arrivals)
