@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -220,3 +221,37 @@ def test_prometheus_metrics_endpoint(sim_daemon):
     assert 'dynbatchd_device_busy_ratio{device="cpu",simulated="true"}' in body
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(sim_daemon.metrics_url.replace("/metrics", "/other"), timeout=10)
+
+
+def test_an_empty_message_has_no_reply_address_and_is_counted(sim_daemon):
+    before = sim_daemon.status()["daemon"]["dropped"]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(sim_daemon.endpoint)
+    sock.send(b"")   # arrives as [identity, b""]: a REQ delimiter with nothing after it
+    deadline = time.monotonic() + 10
+    while sim_daemon.status()["daemon"]["dropped"] == before:
+        assert time.monotonic() < deadline
+    sock.close()
+
+
+def test_sighup_reloads_and_a_refused_file_keeps_the_running_config(tmp_path):
+    daemon = start_daemon(tmp_path, SIMULATED)
+    try:
+        text = daemon.config.read_text()
+        daemon.config.write_text(text.replace("window_ms = 1\n", "window_ms = 3\n"))
+        daemon.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while daemon.status()["channels"]["realtime"]["window"]["window_ms"] != 3.0:
+            assert time.monotonic() < deadline, "SIGHUP did not reload"
+        # A file that breaks the banking rule is refused; the daemon keeps serving the old settings.
+        broken = text.replace("window_ms = 5\nisolated = true", "window_ms = 500\nisolated = true")
+        assert broken != text
+        daemon.config.write_text(broken)
+        with pytest.raises(Exception, match="banking"):
+            daemon.call("reload")
+        assert daemon.call("config")["channels"]["vault"]["window_ms"] == 5.0
+        with Client(daemon.endpoint) as client:
+            assert client.infer("sim", "ok").tolist() == [2.0, 1.0]
+    finally:
+        daemon.stop()
