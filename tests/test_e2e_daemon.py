@@ -255,3 +255,25 @@ def test_sighup_reloads_and_a_refused_file_keeps_the_running_config(tmp_path):
             assert client.infer("sim", "ok").tolist() == [2.0, 1.0]
     finally:
         daemon.stop()
+
+
+def test_out_of_memory_splits_the_batch_answers_everyone_and_lowers_the_limit(tmp_path):
+    daemon = start_daemon(tmp_path, """
+        [models.small]
+        runner = "simulated"
+        options = { base_ms = 1.0, memory_items = 4 }
+        [channels.standard]
+        max_batch = 16
+        window_ms = 50
+        deadline_ms = 60000
+        [routing]
+        default = "standard"
+    """)
+    try:
+        with Client(daemon.endpoint) as client:
+            futures = [client.submit("small", "x" * (i + 1)) for i in range(16)]
+            outputs = [f.result(timeout=60).output.tolist()[0] for f in futures]
+        assert outputs == [float(i + 1) for i in range(16)]
+        assert daemon.status()["channels"]["standard"]["max_batch"] < 16
+    finally:
+        daemon.stop()
