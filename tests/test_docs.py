@@ -1,0 +1,312 @@
+"""The documentation keeps up with the code.
+
+Man pages name every command, option, error code and config key the code has;
+the committed roff is what its reStructuredText source builds to; the systemd
+unit points at pages that exist and keeps the settings a drain and a GPU need;
+every hook has a docstring; the shipped config comments every key.
+
+None of this needs docutils: the one check that does (rebuilding the roff) is
+skipped without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import re
+from pathlib import Path
+
+import msgspec
+import pytest
+import typer
+import typer.main
+
+from dynbatchd import config as cfgmod, hookspecs, protocol
+from dynbatchd.cli import dynbatchctl, dynbatchd as dynbatchd_cli
+
+REPO = Path(__file__).resolve().parent.parent
+MAN = REPO / "man"
+UNIT = REPO / "systemd" / "dynbatchd.service"
+SHIPPED_CONFIG = REPO / "etc" / "dynbatchd.toml"
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+
+def roff_text(page: str) -> str:
+    """A roff page's words with the escapes undone, so `check\\-config` reads `check-config`."""
+    text = (MAN / page).read_text(encoding="utf-8")
+    text = re.sub(r"\\f[BIRP]|\\f\(..|\\f\[[A-Z]*\]", "", text)
+    for escape, plain in ((r"\-", "-"), (r"\(aq", "'"), (r"\(dq", '"'), (r"\(ga", "`"), (r"\(ti", "~"),
+                          (r"\(ha", "^"), (r"\e", "\\"), (r"\&", ""), (r"\ ", " "), (r"\(em", "--")):
+        text = text.replace(escape, plain)
+    return text
+
+
+def rst_text(page: str) -> str:
+    return (MAN / f"{page}.rst").read_text(encoding="utf-8")
+
+
+def mentions(text: str, word: str) -> bool:
+    """`word` appears on its own: not inside a longer name (`config` is not found in `--config`)."""
+    return re.search(rf"(?<![\w\-.]){re.escape(word)}(?![\w\-])", text) is not None
+
+
+def commands(app: typer.Typer) -> dict:
+    return typer.main.get_command(app).commands
+
+
+def long_options(command) -> list[str]:
+    return [opt for param in command.params for opt in getattr(param, "opts", ()) if opt.startswith("--")]
+
+
+def load_build_script():
+    spec = importlib.util.spec_from_file_location("man_build", MAN / "build.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+PAGES = sorted(p.name for p in MAN.glob("*.[1-8]"))
+
+
+# ---------------------------------------------------------------------------
+# the man pages and their sources
+# ---------------------------------------------------------------------------
+
+def test_every_page_has_a_source_and_every_source_a_page():
+    assert PAGES, "no man pages in man/"
+    assert sorted(p.name for p in MAN.glob("*.[1-8].rst")) == [f"{p}.rst" for p in PAGES]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_roff_is_up_to_date_with_its_source(page):
+    pytest.importorskip("docutils", reason="docutils not installed: rebuilding the roff needs it")
+    import docutils
+
+    build = load_build_script()
+    committed = (MAN / page).read_text(encoding="utf-8")
+    made_with = build.docutils_version_of(committed)
+    if made_with != docutils.__version__:
+        pytest.skip(f"{page} was built with docutils {made_with}, this is {docutils.__version__}; "
+                    f"the output differs between versions")
+    assert build.render(MAN / f"{page}.rst") == committed, f"man/{page} is stale: run python man/build.py"
+
+
+@pytest.mark.parametrize("page, app", [("dynbatchd.8", dynbatchd_cli.app), ("dynbatchctl.1", dynbatchctl.app)])
+def test_every_command_and_option_is_in_its_man_page(page, app):
+    roff, rst = roff_text(page), rst_text(page)
+    cli = typer.main.get_command(app)
+    missing = []
+    for name, command in commands(app).items():
+        if f"**{name}**" not in rst or f"\\fB{name}\\fP" not in (MAN / page).read_text().replace("\\-", "-"):
+            missing.append(f"command {name}")
+        missing += [f"{name} {opt}" for opt in long_options(command) if opt != "--help" and not mentions(roff, opt)]
+    missing += [f"global {opt}" for opt in long_options(cli) if opt != "--help" and not mentions(roff, opt)]
+    assert not missing, f"man/{page} does not document: {', '.join(missing)}"
+
+
+def test_dynbatchctl_page_names_its_environment_variables():
+    roff = roff_text("dynbatchctl.1")
+    for var in ("DYNBATCHD_ENDPOINT", "DYNBATCHD_CONTROL", "DYNBATCHD_CONFIG"):
+        assert mentions(roff, var), var
+    envvars = {p.envvar for p in typer.main.get_command(dynbatchctl.app).params if getattr(p, "envvar", None)}
+    assert envvars <= {"DYNBATCHD_ENDPOINT", "DYNBATCHD_CONTROL", "DYNBATCHD_CONFIG"}, envvars
+
+
+def test_every_error_code_is_in_the_protocol_page():
+    roff, rst = roff_text("dynbatchd-protocol.7"), rst_text("dynbatchd-protocol.7")
+    for code in protocol.ERROR_CODES:
+        assert f"**{code}**" in rst and mentions(roff, code), f"error code {code} is not documented"
+
+
+def test_every_wire_field_is_in_the_protocol_page():
+    roff = roff_text("dynbatchd-protocol.7")
+    for struct in (protocol.Request, protocol.Reply, protocol.TensorRef, protocol.Timing, protocol.ErrorInfo):
+        for field in msgspec.structs.fields(struct):
+            assert mentions(roff, field.encode_name), f"{struct.__name__}.{field.encode_name} is not documented"
+    for dtype in protocol.DTYPES:
+        assert mentions(roff, dtype), dtype
+    assert f"protocol version {protocol.PROTOCOL_VERSION}" in " ".join(roff.split()).lower()
+
+
+def test_every_control_command_is_in_the_protocol_page():
+    from dynbatchd.control.commands import COMMANDS
+
+    rst = rst_text("dynbatchd-protocol.7")
+    missing = [name for name in COMMANDS if f"**{name}**" not in rst]
+    assert not missing, f"control commands not in dynbatchd-protocol.7: {missing}"
+
+
+def config_keys(typ=cfgmod.Config, path: str = "") -> list[tuple[str, str]]:
+    """(dotted path, key) for every key of the config struct tree, by introspection."""
+    found = []
+
+    def walk(info, where):
+        if isinstance(info, msgspec.inspect.StructType):
+            for field in info.fields:
+                found.append((f"{where}{field.encode_name}", field.encode_name))
+                walk(field.type, f"{where}{field.encode_name}.")
+        elif isinstance(info, msgspec.inspect.DictType):
+            walk(info.value_type, f"{where}NAME.")
+        elif isinstance(info, (msgspec.inspect.ListType, msgspec.inspect.TupleType, msgspec.inspect.VarTupleType)):
+            walk(info.item_type, where.rstrip(".") + "[].")
+        elif isinstance(info, msgspec.inspect.UnionType):
+            for member in info.types:
+                walk(member, where)
+        elif isinstance(info, msgspec.inspect.Metadata):
+            walk(info.type, where)
+
+    walk(msgspec.inspect.type_info(typ), path)
+    return found
+
+
+def test_config_introspection_sees_the_whole_tree():
+    paths = {p for p, _ in config_keys()}
+    assert {"daemon.listen", "channels.NAME.window.policy", "routing.rules[].tokens_above",
+            "compliance.banking_max_window_ms"} <= paths
+
+
+def test_every_config_key_is_in_the_config_page():
+    roff, rst = roff_text("dynbatchd.toml.5"), rst_text("dynbatchd.toml.5")
+    headings = set(re.findall(r"^\[([\w.]+)\]$", rst, re.MULTILINE))  # [daemon], [models.NAME] ...
+    missing = sorted({path for path, key in config_keys()
+                      if not (path in headings or f"{path}.NAME" in headings)
+                      and (f"``{key}``" not in rst or not mentions(roff, key))})
+    assert not missing, f"config keys not in dynbatchd.toml.5: {missing}"
+
+
+def test_compliance_rules_are_in_the_config_page():
+    text = " ".join(roff_text("dynbatchd.toml.5").split())
+    assert f"default {cfgmod.ComplianceSettings().banking_max_window_ms:g}" in text
+    assert "isolated = true" in text
+
+
+def test_pages_refer_to_each_other_by_their_real_names():
+    names = {p.rsplit(".", 1)[0]: p.rsplit(".", 1)[1] for p in PAGES}
+    for page in PAGES:
+        for name, section in re.findall(r"\*\*([\w.\-]+)\*\*\\ \((\d)\)", rst_text(page)):
+            if name in names:
+                assert names[name] == section, f"{page} refers to {name}({section}), the page is {name}({names[name]})"
+
+
+# ---------------------------------------------------------------------------
+# the systemd unit
+# ---------------------------------------------------------------------------
+
+def unit_directives() -> list[tuple[int, str, str]]:
+    """(line number, key, value) of every directive in the unit."""
+    out = []
+    for number, line in enumerate(UNIT.read_text().splitlines(), 1):
+        if line and not line.startswith(("#", ";", "[")) and "=" in line:
+            key, _, value = line.partition("=")
+            out.append((number, key.strip(), value.strip()))
+    return out
+
+
+def unit_values(key: str) -> list[str]:
+    return [value for _, k, value in unit_directives() if k == key]
+
+
+def test_unit_documentation_names_pages_that_exist():
+    referenced = [ref for value in unit_values("Documentation") for ref in value.split()]
+    assert referenced, "the unit has no Documentation="
+    pages = set()
+    for ref in referenced:
+        match = re.fullmatch(r"man:([\w.\-]+)\((\d)\)", ref)
+        if not match:
+            continue
+        page = f"{match[1]}.{match[2]}"
+        assert (MAN / page).is_file(), f"Documentation={ref}: man/{page} does not exist"
+        pages.add(page)
+    assert pages == set(PAGES), f"pages the unit does not point at: {sorted(set(PAGES) - pages)}"
+
+
+def test_unit_keeps_what_notify_drain_and_gpus_need():
+    single = {key: unit_values(key)[-1] for key in ("Type", "NotifyAccess", "KillMode", "KillSignal", "Restart")}
+    assert single == {"Type": "notify", "NotifyAccess": "main", "KillMode": "mixed", "KillSignal": "SIGTERM",
+                      "Restart": "on-failure"}
+    assert any(re.fullmatch(r"/bin/kill -HUP \$MAINPID", v) for v in unit_values("ExecReload"))
+    assert re.search(r"\bdynbatchd start --config \S+", unit_values("ExecStart")[-1])
+    stop_s = float(unit_values("TimeoutStopSec")[-1])
+    assert stop_s >= cfgmod.DaemonSettings().drain_timeout_s + 15, "TimeoutStopSec must outlast a drain"
+    assert unit_values("PrivateDevices") in ([], ["no"]), "PrivateDevices=yes hides /dev/nvidia*"
+    assert unit_values("DevicePolicy") == ["closed"]
+    allowed = " ".join(unit_values("DeviceAllow"))
+    for node in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0"):
+        assert node in allowed, node
+    assert "HF_HUB_OFFLINE=1" in unit_values("Environment")
+
+
+def test_every_unit_directive_carries_a_reason():
+    lines = UNIT.read_text().splitlines()
+    bare = []
+    for number, key, _ in unit_directives():
+        above = lines[number - 2] if number >= 2 else ""
+        same_key_above = above.partition("=")[0].strip() == key
+        if not above.startswith("#") and not same_key_above:
+            bare.append(f"line {number}: {key}")
+    assert not bare, f"directives without a comment above them: {bare}"
+
+
+# ---------------------------------------------------------------------------
+# hooks and the shipped config
+# ---------------------------------------------------------------------------
+
+def test_every_hookspec_has_a_docstring():
+    hooks = {name: fn for name, fn in inspect.getmembers(hookspecs, inspect.isfunction)
+             if name.startswith("dynbatchd_")}
+    assert hooks, "no hookspecs found"
+    for name, fn in hooks.items():
+        assert hasattr(fn, f"{hookspecs.PROJECT}_spec"), f"{name} is not marked @hookspec"
+        doc = inspect.getdoc(fn) or ""
+        assert len(doc.split()) >= 5, f"hookspec {name} has no real docstring"
+
+
+def uncommented_keys(text: str) -> list[str]:
+    """Keys of a TOML file that nothing explains, judged loosely.
+
+    A key counts as commented when its nearest non-blank line above is a
+    comment, when a comment anywhere in the file names it (a legend such as
+    the one above the channels), or when a comment sits directly on top of its
+    table's header or a parent table's header (``[[routing.rules]]`` is
+    explained above ``[routing]``).
+    """
+    lines = text.splitlines()
+    comments = " ".join(line for line in lines if line.lstrip().startswith("#"))
+    headed: set[str] = set()
+    table = ""
+    bare = []
+    for i, raw in enumerate(lines):
+        line = raw.strip()
+        header = re.fullmatch(r"\[\[?\s*([^\]]+?)\s*\]\]?", line)
+        if header:
+            table = header[1]
+            if i and lines[i - 1].lstrip().startswith("#"):
+                headed.add(table)
+            continue
+        key = re.match(r"([A-Za-z0-9_\-]+)\s*=", line)
+        if not key:
+            continue
+        above = next((lines[j].strip() for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        parents = {table.rsplit(".", n)[0] for n in range(table.count(".") + 1)} | {table}
+        if above.startswith("#") or mentions(comments, key[1]) or parents & headed:
+            continue
+        bare.append(f"{table}.{key[1]}" if table else key[1])
+    return bare
+
+
+def test_uncommented_key_check_flags_a_bare_key():
+    assert uncommented_keys("# what a is\na = 1\nb = 2\n") == ["b"]
+    assert uncommented_keys("[t]\n# x\nx = 1\n\n[u]\ny = 2\n") == ["u.y"]
+    assert uncommented_keys("# rules of [r]\n[r]\nk = 1\n[[r.rules]]\nz = 2\n") == []
+
+
+def test_shipped_config_comments_every_key():
+    assert uncommented_keys(SHIPPED_CONFIG.read_text()) == []
+
+
+def test_shipped_config_is_valid():
+    cfg = cfgmod.load(SHIPPED_CONFIG)
+    assert cfg.channels and cfg.models

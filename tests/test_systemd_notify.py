@@ -1,0 +1,181 @@
+"""sd_notify, tested against a real AF_UNIX datagram socket standing in for systemd.
+
+`dynbatchd.systemd.notify` alone, then the real daemon in a subprocess: it must
+say READY=1 only once it can serve, RELOADING=1 / READY=1 around every SIGHUP
+(also a refused one), and STOPPING=1 when it starts to drain.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import uuid
+from pathlib import Path
+
+import msgspec
+import pytest
+import zmq
+
+from dynbatchd import systemd
+from dynbatchd.client import control_call
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="sd_notify needs AF_UNIX sockets")
+
+
+@pytest.fixture
+def short_dir():
+    """A directory with a short path: AF_UNIX socket paths are limited to ~107 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="dbd-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def systemd_socket(short_dir, monkeypatch):
+    """A datagram socket where systemd's would be, with NOTIFY_SOCKET pointing at it."""
+    path = short_dir / "notify"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(str(path))
+    sock.settimeout(5)
+    monkeypatch.setenv("NOTIFY_SOCKET", str(path))
+    yield sock
+    sock.close()
+
+
+# ---------------------------------------------------------------------------
+# notify()
+# ---------------------------------------------------------------------------
+
+def test_no_notify_socket_means_no_systemd(monkeypatch):
+    monkeypatch.delenv("NOTIFY_SOCKET", raising=False)
+    assert systemd.notify("READY=1") is False
+
+
+def test_ready_reaches_the_socket(systemd_socket):
+    assert systemd.notify("READY=1") is True
+    assert systemd_socket.recv(4096) == b"READY=1"
+
+
+def test_several_assignments_travel_in_one_datagram(systemd_socket):
+    state = "READY=1\nSTATUS=serving on tcp://127.0.0.1:5555\nMAINPID=42"
+    assert systemd.notify(state) is True
+    assert systemd_socket.recv(4096).decode() == state
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="abstract socket names are Linux-only")
+def test_abstract_namespace_socket(monkeypatch):
+    name = f"dynbatchd-test-{uuid.uuid4().hex}"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind("\0" + name)
+        sock.settimeout(5)
+        monkeypatch.setenv("NOTIFY_SOCKET", "@" + name)
+        assert systemd.notify("READY=1") is True
+        assert sock.recv(4096) == b"READY=1"
+
+
+def test_a_socket_that_is_gone_is_not_an_error(short_dir, monkeypatch):
+    monkeypatch.setenv("NOTIFY_SOCKET", str(short_dir / "nobody-listens"))
+    assert systemd.notify("READY=1") is False
+
+
+# ---------------------------------------------------------------------------
+# the daemon's notifications
+# ---------------------------------------------------------------------------
+
+CONFIG = """
+    [daemon]
+    listen = "ipc://{dir}/req.sock"
+    control = "ipc://{dir}/ctl.sock"
+    drain_timeout_s = 10
+    [devices]
+    use = ["cpu"]
+    [models.noop]
+    runner = "noop"
+    [channels.standard]
+    max_batch = 8
+    window_ms = {window_ms}
+    deadline_ms = 5000
+    {extra}
+"""
+
+
+def write_config(path: Path, directory: Path, window_ms: float, extra: str = "") -> None:
+    path.write_text(textwrap.dedent(CONFIG.format(dir=directory, window_ms=window_ms, extra=extra)))
+
+
+def states(sock: socket.socket, timeout: float) -> str:
+    """The next notification, as text."""
+    sock.settimeout(timeout)
+    return sock.recv(4096).decode()
+
+
+def test_daemon_tells_systemd_ready_reloading_and_stopping(short_dir, systemd_socket):
+    config = short_dir / "dynbatchd.toml"
+    write_config(config, short_dir, window_ms=2)
+    log = short_dir / "daemon.log"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NOTIFY_SOCKET": str(short_dir / "notify")}
+    proc = subprocess.Popen([sys.executable, "-m", "dynbatchd", "start", "--config", str(config)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    control = f"ipc://{short_dir}/ctl.sock"
+    try:
+        try:
+            ready = states(systemd_socket, 120)
+        except socket.timeout:
+            pytest.fail(f"no READY=1 within 120 s:\n{log.read_text()}")
+        lines = ready.splitlines()
+        assert lines[0] == "READY=1"
+        assert f"MAINPID={proc.pid}" in lines
+        # READY=1 comes only once the request socket is bound (ipc:// makes its file at bind time).
+        assert (short_dir / "req.sock").exists()
+        assert control_call(control, "ping")["state"] == "serving"
+        assert_answers(f"ipc://{short_dir}/req.sock")
+
+        # SIGHUP with a good file: RELOADING=1, then READY=1.
+        write_config(config, short_dir, window_ms=3)
+        proc.send_signal(signal.SIGHUP)
+        assert states(systemd_socket, 30) == "RELOADING=1"
+        assert states(systemd_socket, 30) == "READY=1"
+        assert control_call(control, "config")["channels"]["standard"]["window_ms"] == 3
+
+        # SIGHUP with a file compliance refuses (banking traffic, 900 ms window): the old config stays,
+        # and systemd still hears READY=1 so the unit does not hang in "reloading".
+        write_config(config, short_dir, window_ms=900, extra='isolated = true\ncarries = ["banking"]')
+        proc.send_signal(signal.SIGHUP)
+        assert states(systemd_socket, 30) == "RELOADING=1"
+        assert states(systemd_socket, 30) == "READY=1"
+        assert control_call(control, "config")["channels"]["standard"]["window_ms"] == 3
+        assert proc.poll() is None
+
+        # SIGTERM: STOPPING=1, then a clean exit.
+        proc.send_signal(signal.SIGTERM)
+        assert states(systemd_socket, 30) == "STOPPING=1"
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def assert_answers(endpoint: str) -> None:
+    """One request in the wire format of dynbatchd-protocol(7), with a bare DEALER socket."""
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        sock.connect(endpoint)
+        sock.send(msgspec.msgpack.encode({"id": 1, "model": "noop", "text": "hello"}))
+        assert sock.poll(30_000), "no reply within 30 s"
+        header, *frames = sock.recv_multipart()
+        reply = msgspec.msgpack.decode(header)
+        assert reply["id"] == 1 and reply["ok"] is True, reply
+        assert reply["timing"]["channel"] == "standard"
+    finally:
+        sock.close()
