@@ -151,6 +151,8 @@ def _convert(data: Any, typ: type, source: str, prefix: str = "") -> Any:
 def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
     """Validate a TOML-shaped mapping: structure here, cross-references in `_check_references`."""
     data = dict(data)
+    if "source" in data:
+        raise ConfigError(source, "", "unknown field `source`")
     # Tables keyed by user-chosen names are converted entry by entry so an error names the entry.
     for section, typ in (("models", ModelSettings), ("channels", ChannelSettings)):
         table = data.get(section)
@@ -216,7 +218,9 @@ def with_channel(cfg: Config, name: str, **changes: Any) -> Config:
     channels[name] = msgspec.structs.replace(cfg.channels[name], **changes)
     new = msgspec.structs.replace(cfg, channels=channels)
     # Re-run the structural rules so a tuned value obeys the same checks as a loaded one.
-    return parse(msgspec.to_builtins(new), cfg.source)
+    data = msgspec.to_builtins(new)
+    del data["source"]
+    return parse(data, cfg.source)
 
 
 def to_dict(cfg: Config) -> dict[str, Any]:

@@ -82,6 +82,7 @@ class Daemon:
         self._pump_scheduled = False
         self._stop = asyncio.Event()
         self._force = False
+        self._stop_now = False   # after draining: nothing may be requeued any more
         self.front: FrontEnd | None = None
         self.pool: DevicePool | None = None
         self.control: ControlServer | None = None
@@ -107,10 +108,17 @@ class Daemon:
                                on_lost=self._on_lost, on_capacity=self._schedule_pump, clock=self.clock,
                                log_level=self.config.daemon.log_level)
         log.info("dynbatchd %s starting: devices %s, models %s", __version__, ", ".join(devices), ", ".join(self.config.models))
-        try:
-            await self.pool.start(timeout_s=600)
-        except RuntimeError as exc:
-            log.error("could not start device workers: %s", exc)
+        starting = asyncio.ensure_future(self.pool.start(timeout_s=600))
+        stopped = asyncio.ensure_future(self._stop.wait())
+        await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
+        if not starting.done():   # stopped while workers were still loading
+            starting.cancel()
+            log.info("stopped during start-up")
+            await self._close(ipc_dir)
+            return 0
+        stopped.cancel()
+        if starting.exception() is not None:
+            log.error("could not start device workers: %s", starting.exception())
             await self._close(ipc_dir)
             return 1
         self.front = FrontEnd(ctx, self.config.daemon.listen, self.config.daemon.max_request_bytes, self.on_request)
@@ -140,6 +148,7 @@ class Daemon:
 
     async def _drain(self) -> None:
         log.info("draining: %d queued, %d batches in flight", self.scheduler.depth(), self.pool.inflight())
+        self._warmup_backlog.clear()   # warmup is optional work: never let it hold a stop up
         self.scheduler.drain()
         self._pump()
         deadline = self.clock() + int(self.config.daemon.drain_timeout_s * 1e9)
@@ -154,8 +163,9 @@ class Daemon:
             channel.depth = 0
         for item in leftovers.expired:
             self._fail(item, P.SHUTTING_DOWN, "daemon stopped before this request could run")
+        self._stop_now = True
         for worker in self.pool.workers.values():
-            self._on_lost(worker, [b for b, _ in worker.inflight.values()], final=True)
+            self._on_lost(worker, [], [b for b, _ in worker.inflight.values()])
 
     async def _close(self, ipc_dir: str) -> None:
         if self.pool:
@@ -193,8 +203,9 @@ class Daemon:
                 front.reject(envelope, request.id, P.REFUSED, reason)
                 return
         now = self.clock()
-        if self.cache is not None and request.text is not None:
-            hit = self.cache.get((request.model, request.text))
+        cacheable = self.cache is not None and request.text is not None and not config.channels[channel].isolated
+        if cacheable:
+            hit = self.cache.get((request.model, request.tenant, request.text))
             if hit is not None:
                 self._reply_cached(envelope, request, channel, hit, now)
                 return
@@ -264,14 +275,15 @@ class Daemon:
             row = len(buf) // n if n else 0
             item_ref = P.TensorRef(out.dtype, out.shape[1:], 0)
         cache = self.cache
+        isolated = self.config.channels[batch.channel].isolated   # regulated data is never cached
         for i, item in enumerate(batch.items):
             envelope, request, _ = item.payload
             if i in result.errors:
                 self._fail(item, P.MODEL_ERROR, result.errors[i])
                 continue
             data = buf[i * row:(i + 1) * row] if out is not None else None
-            if cache is not None and request.text is not None:
-                cache.put((batch.model, request.text), item_ref if out is not None else result.values[i],
+            if cache is not None and request.text is not None and not isolated:
+                cache.put((batch.model, request.tenant, request.text), item_ref if out is not None else result.values[i],
                           bytes(data) if data is not None else None)
             if envelope is None:  # a warmup input: it only fills the cache
                 continue
@@ -297,20 +309,24 @@ class Daemon:
         stats.latency.record((self.clock() - item.arrival_ns) / 1000)
         self.front.reject(envelope, request.id, code, message)
 
-    def _on_lost(self, worker: Worker, batches: list[Batch], final: bool = False) -> None:
-        """A worker died holding `batches`: run each request once more, or answer it."""
-        retry = []
-        for batch in batches:
+    def _on_lost(self, worker: Worker, running: list[Batch], waiting: list[Batch]) -> None:
+        """A worker died: what it was running runs once more, alone, or is answered; what
+        was only waiting behind it is requeued as it was."""
+        retry: list[Item] = []
+        for batch in running:
             for item in batch.items:
-                if final:
-                    self._fail(item, P.SHUTTING_DOWN, "daemon stopped while this request was running")
-                elif item.retries < MAX_RETRIES:
+                if item.retries < MAX_RETRIES:
+                    item.retries += 1
                     retry.append(item)
                 else:
                     self._fail(item, P.MODEL_ERROR, f"worker for {worker.device} died twice while running this request")
+        retry.extend(item for batch in waiting for item in batch.items)
+        if self.state == "draining" and self._stop_now:
+            for item in retry:
+                self._fail(item, P.SHUTTING_DOWN, "daemon stopped while this request was running")
+            return
         self.scheduler.requeue(retry)
-        if not final:
-            self._schedule_pump()
+        self._schedule_pump()
 
     async def _observe_devices(self, every_s: float = 1.0) -> None:
         """Feed batch-size policies: device utilisation (NVML, else the worker's busy
@@ -344,7 +360,7 @@ class Daemon:
         fresh = cached = 0
         for job in jobs:
             for text in job.inputs:
-                if (job.model, text) in self.cache:
+                if (job.model, None, text) in self.cache:
                     cached += 1
                 else:
                     self._warmup_backlog.append((job.model, text))
@@ -384,16 +400,17 @@ class Daemon:
     def apply_config(self, new: Config) -> list[str]:
         """Adopt a validated config: channel settings, policies and routing change in place.
 
-        Returns what could not change without a restart (endpoints, models,
-        devices, the set of channels); the rest is applied.
+        Returns the sections that cannot change without a restart (daemon,
+        devices, models, cache); they keep running as they are and the rest is
+        applied. Adding or removing a channel is refused outright.
         """
         validate_config(new, self.plugins)
         old = self.config
-        needs_restart = [key for key in ("daemon", "devices", "models")
-                         if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
         if set(old.channels) != set(new.channels):
-            needs_restart.append("channels (added or removed)")
-            return needs_restart
+            raise ConfigError(new.source, "channels", "adding or removing channels needs a restart; "
+                              "nothing was applied")
+        needs_restart = [key for key in ("daemon", "devices", "models", "cache")
+                         if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
         rebuilt = build_channels(new.channels, self.plugins.window_policies(), self.plugins.batch_sizers())
         for name, channel in self.scheduler.channels.items():
             if cfgmod.to_dict(channel.settings) != cfgmod.to_dict(new.channels[name]):
@@ -425,7 +442,7 @@ def _keep(old: Config, new: Config) -> Config:
     """`new`, but with the parts that need a restart kept as they run now."""
     import msgspec
 
-    return msgspec.structs.replace(new, daemon=old.daemon, devices=old.devices, models=old.models)
+    return msgspec.structs.replace(new, daemon=old.daemon, devices=old.devices, models=old.models, cache=old.cache)
 
 
 def encode_batch(batch: Batch) -> list[Any]:

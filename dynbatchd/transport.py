@@ -50,6 +50,10 @@ class LoopSocket:
             self._loop.remove_reader(self.sock.getsockopt(zmq.FD))
             self._loop = None
 
+    def drain_now(self) -> None:
+        """Handle whatever is already queued on the socket, now."""
+        self._drain()
+
     def _drain(self) -> None:
         self._kicked = False
         if self._loop is None:
@@ -95,6 +99,7 @@ def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     return frames[:1], frames[1:]
 
 
+MAX_DEADLINE_MS = 86_400_000.0
 RequestHandler = Callable[[list[bytes], P.Request, list[bytes]], None]
 
 
@@ -137,7 +142,11 @@ class FrontEnd:
             if problem:
                 self.reject(envelope, request.id, P.BAD_REQUEST, problem)
                 continue
-            self.handler(envelope, request, body[1:])
+            try:
+                self.handler(envelope, request, body[1:])
+            except Exception:  # a bug must cost one request its answer's content, never its answer
+                log.exception("internal error handling a request")
+                self.reject(envelope, request.id, P.MODEL_ERROR, "internal error in the daemon; see its log")
 
     def reject(self, envelope: list[bytes], req_id: Any, code: str, message: str) -> None:
         if code == P.BAD_REQUEST:
@@ -155,12 +164,12 @@ def validate(request: P.Request, frames: list[bytes]) -> str | None:
     given = (request.text is not None) + (request.tensor is not None) + (request.value is not None)
     if given != 1:
         return "a request needs exactly one input: text, tensor or value"
-    if request.tensor is not None:
-        return P.check_tensor(request.tensor, [len(f) for f in frames])
     if request.tokens is not None and request.tokens < 0:
         return "tokens must be >= 0"
-    if request.deadline_ms is not None and not request.deadline_ms > 0:
-        return "deadline_ms must be > 0"
+    if request.deadline_ms is not None and not 0 < request.deadline_ms <= MAX_DEADLINE_MS:
+        return f"deadline_ms must be > 0 and <= {MAX_DEADLINE_MS:g} (one day)"
+    if request.tensor is not None:
+        return P.check_tensor(request.tensor, [len(f) for f in frames])
     return None
 
 

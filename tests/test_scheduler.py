@@ -138,14 +138,17 @@ def test_drain_makes_everything_ready():
     assert len(s.poll(0, free_slots=1).batches) == 1
 
 
-def test_requeued_items_run_again_first():
-    s = make(c=ChannelSettings(max_batch=2, window_ms=0))
-    a, b = item("c", 0), item("c", 0)
+def test_requeued_items_run_again_first_and_alone():
+    s = make(c=ChannelSettings(max_batch=4, window_ms=0))
+    a, b, c = item("c", 0), item("c", 0), item("c", 1)
     submit_all(s, [a, b])
     [batch] = s.poll(0, free_slots=1).batches
+    for it in batch.items:        # their worker died running them: one of them may be what killed it
+        it.retries += 1
     s.requeue(batch.items)
-    [again] = s.poll(1 * MS, free_slots=1).batches
-    assert again.items == [a, b] and a.retries == 1
+    submit_all(s, [c])
+    batches = s.poll(1 * MS, free_slots=3).batches
+    assert [x.items for x in batches] == [[a], [b], [c]] and a.retries == 1
 
 
 def test_minimum_share_lets_a_starved_channel_through():
@@ -245,3 +248,20 @@ def test_minimum_share_follows_recent_dispatches_not_lifetime_totals():
     # old dispatches have faded, instead of being judged on lifetime totals forever.
     assert served[:50].count("a") == 0
     assert 0.25 <= served[-200:].count("a") / 200 <= 0.4
+
+
+class GreedyWindow:
+    """A window policy that would wait ten seconds if allowed to."""
+
+    def on_arrival(self, now_ns, tokens): pass
+    def on_batch_done(self, size, tokens, compute_ns, now_ns): pass
+    def window_ns(self, now_ns, lane): return 10_000 * MS
+    def describe(self): return {"policy": "greedy"}
+
+
+def test_no_window_policy_may_wait_longer_than_the_channels_window_ms():
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=8, window_ms=150)},
+                                 window_policies={"greedy": lambda *a: GreedyWindow()}))
+    s.channels["c"].window = GreedyWindow()
+    submit_all(s, [item("c", 0)])
+    assert s.next_wakeup(0, free_slots=1) == 150 * MS

@@ -38,9 +38,9 @@ class Target:
 @app.callback()
 def main_options(ctx: typer.Context,
                  endpoint: Optional[str] = typer.Option(None, envvar="DYNBATCHD_ENDPOINT",
-                                                        help="Request socket [default: from config, tcp://127.0.0.1:5555]."),
+                                                        help="Request socket (default: from --config, else tcp://127.0.0.1:5555)."),
                  control: Optional[str] = typer.Option(None, envvar="DYNBATCHD_CONTROL",
-                                                       help="Control socket [default: from config, tcp://127.0.0.1:5556]."),
+                                                       help="Control socket (default: from --config, else tcp://127.0.0.1:5556)."),
                  config: Optional[Path] = typer.Option(None, "--config", "-c",
                                                        help="Read the endpoints from this config file.")) -> None:
     ctx.obj = Target(endpoint, control, config)
@@ -64,7 +64,7 @@ def _emit_json(data: Any) -> None:
 @app.command()
 def infer(ctx: typer.Context, model: str, text: str,
           tag: list[str] = typer.Option([], "--tag", "-t", help="Request tag (repeatable), e.g. urgent."),
-          deadline_ms: Optional[float] = typer.Option(None, help="Deadline for this request [default: channel's]."),
+          deadline_ms: Optional[float] = typer.Option(None, help="Deadline for this request (default: the channel's)."),
           request_type: Optional[str] = typer.Option(None, help="e.g. session_refresh."),
           user_frequency: Optional[str] = typer.Option(None, help="e.g. daily."),
           tokens: Optional[int] = typer.Option(None, help="Token count, if known (drives routing)."),
@@ -164,7 +164,7 @@ def plugins(ctx: typer.Context, as_json: bool = JsonOption) -> None:
 @app.command()
 def tune(ctx: typer.Context, channel: str,
          max_batch: Optional[int] = typer.Option(None, min=1), window_ms: Optional[float] = typer.Option(None, min=0),
-         deadline_ms: Optional[float] = typer.Option(None, min=0), queue_limit: Optional[int] = typer.Option(None, min=1),
+         deadline_ms: Optional[float] = typer.Option(None, min=0.001), queue_limit: Optional[int] = typer.Option(None, min=1),
          max_tokens: Optional[int] = typer.Option(None, min=0),
          min_share: Optional[float] = typer.Option(None, min=0, max=1),
          as_json: bool = JsonOption) -> None:
@@ -199,7 +199,7 @@ def show_config(ctx: typer.Context) -> None:
 @app.command()
 def warmup(ctx: typer.Context,
            top_users: int = typer.Option(10_000, "--top-users", min=1, help="How many of the most active users."),
-           model: Optional[str] = typer.Option(None, help="Only this model [default: every model]."),
+           model: Optional[str] = typer.Option(None, help="Only this model (default: every model)."),
            as_json: bool = JsonOption) -> None:
     """Precompute the top users' inputs into the result cache (run it from cron, off-peak).
 

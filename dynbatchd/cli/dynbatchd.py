@@ -6,7 +6,9 @@ import asyncio
 import logging
 import os
 import sys
+from enum import Enum
 from pathlib import Path
+from typing import Optional
 
 import typer
 from rich.console import Console
@@ -15,12 +17,19 @@ from dynbatchd import __version__, config as cfgmod
 from dynbatchd.config import ConfigError
 from dynbatchd.plugins import PluginError, Plugins
 
+class LogLevel(str, Enum):
+    debug = "debug"
+    info = "info"
+    warning = "warning"
+    error = "error"
+
+
 app = typer.Typer(help="dynbatchd: dynamic-batching inference daemon behind ZeroMQ.", no_args_is_help=True,
                   add_completion=False)
 err = Console(stderr=True)
 
 ConfigOption = typer.Option(None, "--config", "-c", envvar="DYNBATCHD_CONFIG",
-                            help="TOML config file [default: /etc/dynbatchd/dynbatchd.toml].")
+                            help="TOML config file (default: /etc/dynbatchd/dynbatchd.toml).")
 
 
 def _config_path(path: Path | None) -> Path:
@@ -43,11 +52,12 @@ def load_checked(path: Path) -> tuple[cfgmod.Config, Plugins]:
 
 @app.command()
 def start(config: Path = ConfigOption,
-          log_level: str = typer.Option(None, help="debug, info, warning or error [default: from config].")) -> None:
+          log_level: Optional[LogLevel] = typer.Option(None, case_sensitive=False,
+                                                       help="Log level (default: daemon.log_level).")) -> None:
     """Run the daemon in the foreground (systemd runs it this way, Type=notify)."""
     path = _config_path(config)
     cfg, plugins = load_checked(path)
-    logging.basicConfig(level=(log_level or cfg.daemon.log_level).upper(), stream=sys.stderr,
+    logging.basicConfig(level=(log_level.value if log_level else cfg.daemon.log_level).upper(), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -3,8 +3,9 @@
 Workers connect to one ROUTER socket on an ipc:// endpoint. Each may hold up
 to `inflight` batches (one computing, the next already waiting) so the
 device never idles while the daemon assembles work. A worker that dies is
-restarted; the batches it held are handed back to the caller (`on_lost`) to
-be requeued or answered, never silently dropped.
+restarted; the batches it held are handed back to the caller (`on_lost`),
+split into the one it was running and those still waiting, to be requeued or
+answered, never silently dropped.
 """
 
 from __future__ import annotations
@@ -39,9 +40,13 @@ class Worker:
 
 
 def detect_devices(use: str | list[str]) -> list[str]:
-    """`auto`: every GPU NVML can see, or the CPU where there is none."""
+    """`auto`: every GPU NVML can see (limited by CUDA_VISIBLE_DEVICES), or the CPU where there is none."""
     if isinstance(use, list):
         return list(use)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:  # torch numbers the visible GPUs cuda:0.. in this order
+        count = len([d for d in visible.split(",") if d.strip() and d.strip() != "-1"])
+        return [f"cuda:{i}" for i in range(count)] or ["cpu"]
     try:
         import pynvml
 
@@ -61,7 +66,7 @@ class DevicePool:
     def __init__(self, ctx: zmq.Context, devices: list[str], models: list[P.ModelSpec], *,
                  inflight: int, cpu_threads: int, ipc_dir: str, restart_limit: int,
                  on_result: Callable[[Worker, Batch, P.BatchResult, list[bytes]], None],
-                 on_lost: Callable[[Worker, list[Batch]], None],
+                 on_lost: Callable[[Worker, list[Batch], list[Batch]], None],
                  on_capacity: Callable[[], None],
                  clock: Callable[[], int] = time.monotonic_ns, log_level: str = "info"):
         self.models = models
@@ -112,13 +117,17 @@ class DevicePool:
         code = await proc.wait()
         if self._closing or proc is not worker.proc:
             return
-        lost = [b for b, _ in worker.inflight.values()]
+        # Results it sent just before dying may still be on their way through the socket:
+        # collect them first, so only what was really unanswered counts as lost.
+        await asyncio.sleep(0.1)
+        self.io.drain_now()
+        lost = [b for b, _ in worker.inflight.values()]   # in the order sent: the first was running
         worker.inflight.clear()
         worker.stats.inflight = 0
         worker.ready = False
         log.error("worker %s (pid %d) exited with %s; %d batches in flight", worker.name, proc.pid, code, len(lost))
         if lost:
-            self.on_lost(worker, lost)
+            self.on_lost(worker, lost[:1], lost[1:])
         if not self._ready.is_set() and worker.failure:
             self._ready.set()
             return
@@ -165,7 +174,7 @@ class DevicePool:
         except zmq.ZMQError:  # the worker vanished between its last message and now
             del worker.inflight[batch.id]
             worker.stats.inflight = len(worker.inflight)
-            self.on_lost(worker, [batch])
+            self.on_lost(worker, [], [batch])
             return
         self.io.kick()
 

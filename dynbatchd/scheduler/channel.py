@@ -14,7 +14,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
-from dynbatchd.scheduler.policies import BatchSizer, CostModel, LaneState, WindowPolicy
+from dynbatchd.scheduler.policies import MS, BatchSizer, CostModel, LaneState, WindowPolicy
 from dynbatchd.telemetry import ChannelStats
 
 NEVER = 1 << 62
@@ -149,7 +149,9 @@ class Channel:
         if draining or len(lane) >= limit or (cap and lane.tokens >= cap):
             return now_ns
         state = self.lane_state(lane, free_slots)
-        window_end = lane.opened_ns + self.window.window_ns(now_ns, state)
+        # window_ms bounds every policy: the compliance rules and the operator's SLO rely on it.
+        window = min(self.window.window_ns(now_ns, state), int(self.settings.window_ms * MS))
+        window_end = lane.opened_ns + window
         # Close early when waiting longer would make the most urgent request miss.
         urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens)
         return min(window_end, urgent)
@@ -162,8 +164,8 @@ class Channel:
         tokens = 0
         while lane.heap and len(items) < limit:
             nxt = lane.heap[0][2]
-            if cap and items and tokens + nxt.tokens > cap:
-                break
+            if items and ((cap and tokens + nxt.tokens > cap) or nxt.retries or items[0].retries):
+                break   # a request whose worker died under it runs alone: one poison input kills only itself
             items.append(lane.pop())
             tokens += nxt.tokens
         self.depth -= len(items)
