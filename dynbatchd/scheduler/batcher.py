@@ -77,8 +77,8 @@ class Scheduler:
         self.channels[batch.channel].sizer.on_oom(len(batch.items))
 
     def requeue(self, items: Iterable[Item]) -> None:
+        """Put back dispatched requests that did not run; a retried one (`retries` > 0) runs alone."""
         for item in items:
-            item.retries += 1
             self.channels[item.channel].requeue(item)
 
     def drain(self) -> None:
