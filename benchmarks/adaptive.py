@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from benchmarks import traces
 from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings, WindowSettings
 from dynbatchd.plugins import Plugins
@@ -290,6 +292,9 @@ def k12_runs(reg: Registry) -> list[tuple[str, dict[str, ChannelSettings], dict[
     runs.append(("what-if: fixed, 1 batch in flight", k12_channels(), {"inflight": 1, "what_if": True}))
     runs.append(("what-if: fixed, dispatch to soonest-free", k12_channels(), {"dispatch": "soonest", "what_if": True}))
     runs.append(("what-if: FIFO, 1 batch in flight", k12_fifo(), {**fifo_route, "inflight": 1, "what_if": True}))
+    no_share = k12_channels()
+    no_share["bulk"] = msgspec.structs.replace(no_share["bulk"], min_share=0.0)
+    runs.append(("what-if: 1 in flight + bulk min_share 0", no_share, {"inflight": 1, "what_if": True}))
     return runs
 
 
@@ -367,10 +372,10 @@ AZURE_COMPRESS = 60.0
 
 
 def azure_trace(quick: bool) -> traces.Trace:
-    """Minutes 20-40 of the hour (343..507 requests a minute; quick: minutes 24-34), one minute -> one second."""
+    """Minutes 24-34 of the hour (386..507 requests a minute; quick: minutes 25-30), one minute -> one second."""
     if quick:
-        return traces.azure_conv(compress=AZURE_COMPRESS, start_s=24 * 60.0, span_s=600.0)
-    return traces.azure_conv(compress=AZURE_COMPRESS, start_s=20 * 60.0, span_s=1200.0)
+        return traces.azure_conv(compress=AZURE_COMPRESS, start_s=25 * 60.0, span_s=300.0)
+    return traces.azure_conv(compress=AZURE_COMPRESS, start_s=24 * 60.0, span_s=600.0)
 
 
 def azure_channels(setup: Setup) -> dict[str, ChannelSettings]:
@@ -575,7 +580,9 @@ def bench_azure_replay(reg: Registry, sim: dict[str, Any], quick: bool, log=prin
 
     trace = azure_trace(quick)
     setups: dict[str, Setup] = sim["setups"]
-    chosen = [setups[sim["best_fixed"]]] + [s for s in setups.values() if s.adaptive]
+    # The best fixed setting, each adaptive window alone, each adaptive sizer with a fixed window.
+    chosen = [setups[sim["best_fixed"]]] + [s for s in setups.values()
+                                            if s.adaptive and (s.sizer == "static" or s.window == "fixed")]
     if quick:
         chosen = chosen[:4]
     route = rules_router(azure_channels(chosen[0]), AZURE_ROUTING)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections import deque
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Mapping, Sequence
@@ -397,7 +396,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
              device: DeviceModel | None = None, devices: int = 1, inflight: int = 2,
              window_policies: Mapping[str, Any] | None = None, sizers: Mapping[str, Any] | None = None,
              route: Router | None = None, routing: Any = None, plugins: Any = None,
-             util_span_ms: float = 1000.0, feed_sizers: bool = True, dispatch: str = "fewest",
+             observe_every_ms: float = 1000.0, dispatch: str = "fewest",
              max_events: int = 50_000_000) -> SimResult:
     """Run `arrivals` through the real scheduler on `devices` simulated devices.
 
@@ -406,9 +405,14 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     ``Plugins.load().window_policies()``; the built-in fixed/static are always
     there. Routing: `route` (a function of an Arrival), else `routing`
     (RoutingSettings) through `plugins` (or the built-in rules); an arrival
-    that names a channel goes there. After each finished batch, the channel's
-    batch sizer is told the devices' busy fraction over the last
-    `util_span_ms`, the batch's memory fraction and its queue length.
+    that names a channel goes there.
+
+    Every `observe_every_ms` of simulated time (0: never), as the daemon's
+    ``_observe_devices`` does once a second, every channel's batch sizer is
+    told the devices' mean busy fraction since the last observation (compute
+    time counted when a batch finishes, like a worker's ``busy_ns``), the
+    fullest batch's share of the device memory limit in that period (what
+    NVML would report; 0 without a limit) and the channel's queue length.
 
     `dispatch`: "fewest" sends a batch to the device holding the fewest
     batches, as ``DevicePool.dispatch`` does; "soonest" (a what-if) to the
@@ -433,8 +437,12 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     free = devices * inflight
     done: list[tuple] = []          # heap: (end_ns, seq, device, batch, compute_ns, errors, oom, start_ns)
     records: list[BatchRecord] = []
-    recent: deque[tuple[int, int]] = deque()   # (start, end) of batches finished in the last span
-    span_ns = int(util_span_ms * MS)
+    every_ns = int(observe_every_ms * MS)
+    observe_at = (trace[0].at_ns + every_ns) if (trace and every_ns > 0) else NEVER
+    busy_ns = [0] * devices          # per device, added when a batch finishes (like DeviceStats.busy_ns)
+    busy_seen = [0] * devices
+    observed_ns = trace[0].at_ns if trace else 0
+    peak_memory = 0.0
     seq = 0
     polls = 0
     timer = NEVER
@@ -471,20 +479,15 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
         wake = sched.next_wakeup(at, free)
         return NEVER if wake is None else max(wake, at + 1)
 
-    recent_busy = 0   # sum of end - start over `recent`
-
-    def busy_fraction(at: int) -> float:
-        nonlocal recent_busy
-        lo = at - span_ns
-        while recent and recent[0][1] <= lo:
-            s, e = recent.popleft()
-            recent_busy -= e - s
-        busy = recent_busy
-        for s, e in recent:   # clip the few that began before the span
-            if s >= lo:
-                break
-            busy -= lo - s
-        return min(1.0, busy / (span_ns * devices)) if span_ns else 0.0
+    def observe(at: int) -> None:
+        nonlocal observed_ns, peak_memory
+        span = at - observed_ns
+        util = sum(min(1.0, (busy_ns[d] - busy_seen[d]) / span) for d in range(devices)) / devices if span > 0 else 0.0
+        for channel in sched.channels.values():
+            channel.sizer.observe(utilisation=util, memory=peak_memory, queue_len=channel.depth, now_ns=at)
+        busy_seen[:] = busy_ns
+        observed_ns = at
+        peak_memory = 0.0
 
     events = 0
     while True:
@@ -493,7 +496,9 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
             raise SimulationError(f"simulation did not settle after {max_events} events")
         t_arr = trace[i].at_ns if i < n else NEVER
         t_done = done[0][0] if done else NEVER
-        now = min(t_arr, t_done, timer)
+        busy = i < n or done or sched.depth()
+        t_obs = observe_at if busy else NEVER
+        now = min(t_arr, t_done, timer, t_obs)
         if now >= NEVER:
             if sched.depth():
                 # Nothing will ever wake a waiting lane (e.g. run_late with no window): drain, as on stop.
@@ -527,12 +532,8 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
             records.append(BatchRecord(batch.id, batch.channel, dev.index, len(batch.items), batch.tokens,
                                        batch.formed_ns, start, now, compute, batch.max_batch, oom,
                                        tuple(sorted({str(it.tenant) for it in batch.items}))))
-            recent.append((start, now))
-            recent_busy += now - start
-            if feed_sizers:
-                channel.sizer.observe(utilisation=busy_fraction(now),
-                                      memory=device.memory_fraction(len(batch.items), batch.tokens),
-                                      queue_len=channel.depth, now_ns=now)
+            busy_ns[dev.index] += compute
+            peak_memory = max(peak_memory, device.memory_fraction(len(batch.items), batch.tokens))
         while i < n and trace[i].at_ns == now:
             a = trace[i]
             name = route(a)
@@ -546,6 +547,9 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
             if not sched.submit(item, now):
                 answer(i, OVERLOADED, now)
             i += 1
+        if now == t_obs:
+            observe(now)
+            observe_at = now + every_ns
         timer = pump(now)
 
     missing = [k for k in range(n) if outcome[k] == PENDING]

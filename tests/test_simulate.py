@@ -250,3 +250,27 @@ def test_azure_trace_loads_compressed_or_skips():
     assert t.arrivals and all(0 <= a.at_ns < 2_000_000_000 for a in t.arrivals)
     assert len(t.phases) == 2 and all(a.tokens >= 1 for a in t.arrivals)
     assert [a.at_ns for a in t.arrivals] == sorted(a.at_ns for a in t.arrivals)
+
+
+def test_batch_sizers_are_fed_once_a_simulated_second_like_the_daemon():
+    seen = []
+
+    class Spy:
+        def max_batch(self):
+            return 32
+
+        def observe(self, *, utilisation, memory, queue_len, now_ns):
+            seen.append((now_ns, round(utilisation, 6), round(memory, 6), queue_len))
+
+        def on_oom(self, failed_size):
+            pass
+
+        def describe(self):
+            return {"policy": "spy"}
+
+    dev = DeviceModel(base_ms=8.0, per_item_ms=0.5, memory_items=64)
+    settings = ch(batch_size=WindowSettings(policy="spy"))
+    trace = [(0, 0, "s")] * 64 + [(int(1.5e9), 0, "s")]
+    simulate({"s": settings}, trace, device=dev, sizers={"spy": lambda name, s, o: Spy()})
+    # 48 ms of compute in the first second; the fullest batch used 32/64 of the memory limit.
+    assert seen == [(1_000_000_000, 0.048, 0.5, 0)]
