@@ -11,6 +11,10 @@ together), so rates and spreads are per channel.
 
 Options come from ``[channels.NAME.window] options = {...}``; an unknown or
 out-of-range option is a ValueError naming the key, like any config error.
+The channel's ``window_ms`` bounds every window (the scheduler enforces it,
+since compliance rules and the operator's latency budget rely on it); the
+factories apply the same bound, so ``describe()`` shows the window in force: a
+configured figure above ``window_ms`` acts as ``window_ms``.
 """
 
 from __future__ import annotations
@@ -74,8 +78,8 @@ class EwmaWindow:
     every ~2 arrivals at α = 0.3) instead of leaving it stuck high.
 
     Options: ``alpha`` (0 < α ≤ 1, default 0.3); ``initial_ms`` (default the
-    channel's window_ms); ``min_ms`` (default 1); ``max_ms`` (default the
-    channel's window_ms, which stays the longest a request waits).
+    channel's window_ms); ``min_ms`` (default 1, or window_ms if smaller);
+    ``max_ms`` (default and at most the channel's window_ms).
     """
 
     def __init__(self, initial_ms: float, *, alpha: float = 0.3, min_ms: float = 1.0, max_ms: float | None = None):
@@ -90,10 +94,12 @@ class EwmaWindow:
     def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "EwmaWindow":
         o = Options(_where(channel), options, {"alpha", "initial_ms", "min_ms", "max_ms"})
         alpha = o.num("alpha", 0.3, lo=0.0, hi=1.0, lo_open=True)
-        min_ms = o.num("min_ms", 1.0, lo=0.0)
-        max_ms = o.num("max_ms", max(float(settings.window_ms), min_ms), lo=0.0)
+        cap = float(settings.window_ms)
+        min_ms = o.num("min_ms", min(1.0, cap), lo=0.0)
+        max_ms = min(cap, o.num("max_ms", cap, lo=0.0))
         if max_ms < min_ms:
-            raise ValueError(f"{o.where}.max_ms: {max_ms:g} is below min_ms {min_ms:g}")
+            raise ValueError(f"{o.where}.min_ms: {min_ms:g} is above the largest window {max_ms:g} "
+                             "(max_ms, bounded by the channel's window_ms)")
         initial = o.num("initial_ms", float(settings.window_ms), lo=0.0)
         return cls(initial, alpha=alpha, min_ms=min_ms, max_ms=max_ms)
 
@@ -143,16 +149,18 @@ class TieredWindow:
       queue-depth tier (e.g. wait longer while a batch is nearly empty).
 
     Default (the guide's K12 channels): mean < 512 tokens → 30 ms,
-    < 8192 → 100 ms, else 500 ms. Bounds must increase strictly.
+    < 8192 → 100 ms, else 500 ms, each at most the channel's window_ms.
+    Bounds must increase strictly.
     """
 
-    def __init__(self, tiers: list[tuple[float | None, float]], by: str = "tokens"):
+    def __init__(self, tiers: list[tuple[float | None, float]], by: str = "tokens", cap_ms: float | None = None):
         self.by = by
-        self.tiers = [(bound, int(window_ms * MS)) for bound, window_ms in tiers]
+        self.tiers = [(bound, int(min(window_ms, cap_ms if cap_ms is not None else window_ms) * MS))
+                      for bound, window_ms in tiers]
         self._last = (len(self.tiers) - 1, self.tiers[-1][1])
 
     @classmethod
-    def parse_tiers(cls, raw: Any, where: str) -> "TieredWindow":
+    def parse_tiers(cls, raw: Any, where: str, cap_ms: float | None = None) -> "TieredWindow":
         if not isinstance(raw, (list, tuple)) or not raw:
             raise ValueError(f"{where}: expected a non-empty list of tiers, e.g. "
                              "[{below_tokens = 512, window_ms = 20}, {window_ms = 100}]")
@@ -185,12 +193,13 @@ class TieredWindow:
             if last:
                 raise ValueError(f"{at}: the last tier must have no bound (the catch-all)")
             tiers.append((bound, window_ms))
-        return cls(tiers, by or "tokens")
+        return cls(tiers, by or "tokens", cap_ms)
 
     @classmethod
     def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "TieredWindow":
         Options(_where(channel), options, {"tiers"})
-        return cls.parse_tiers(options.get("tiers", [dict(t) for t in DEFAULT_TIERS]), f"{_where(channel)}.tiers")
+        return cls.parse_tiers(options.get("tiers", [dict(t) for t in DEFAULT_TIERS]), f"{_where(channel)}.tiers",
+                               float(settings.window_ms))
 
     def measure(self, lane: LaneState) -> float:
         if self.by == "queued":
@@ -237,19 +246,23 @@ class PatternWindow:
 
     The class is recomputed at most every ``refresh_ms`` and at most the last
     ``max_samples`` arrivals are kept, so its cost per arrival is O(1).
+    Windows above the channel's window_ms act as window_ms: give the channel
+    ``window_ms = 150`` or more for the guide's steady window to apply.
     """
 
     def __init__(self, *, span_ms=1000.0, baseline_ms=30000.0, min_samples=8, burst_ratio=2.0, burst_cv=2.0,
                  steady_ratio=1.5, steady_cv=1.25, burst_ms=30.0, steady_ms=150.0, refresh_ms=50.0,
-                 max_samples=512, tiers: TieredWindow | None = None):
+                 max_samples=512, tiers: TieredWindow | None = None, cap_ms: float | None = None):
         self.span_ns = int(span_ms * MS)
         self.baseline_ns = baseline_ms * MS
         self.min_samples = min_samples
         self.burst_ratio, self.burst_cv = burst_ratio, burst_cv
         self.steady_ratio, self.steady_cv = steady_ratio, steady_cv
+        if cap_ms is not None:
+            burst_ms, steady_ms = min(burst_ms, cap_ms), min(steady_ms, cap_ms)
         self.burst_ns, self.steady_ns = int(burst_ms * MS), int(steady_ms * MS)
         self.refresh_ns = int(refresh_ms * MS)
-        self.tiers = tiers or TieredWindow.parse_tiers([dict(t) for t in DEFAULT_TIERS], "tiers")
+        self.tiers = tiers or TieredWindow.parse_tiers([dict(t) for t in DEFAULT_TIERS], "tiers", cap_ms)
         self._times: deque[int] = deque(maxlen=max_samples)
         self._at: int | None = None          # when the class was last computed
         self._first: int | None = None       # first arrival seen
@@ -276,9 +289,10 @@ class PatternWindow:
             raise ValueError(f"{where}.burst_ratio: {kw['burst_ratio']:g} is below steady_ratio {kw['steady_ratio']:g}")
         if kw["burst_cv"] < kw["steady_cv"]:
             raise ValueError(f"{where}.burst_cv: {kw['burst_cv']:g} is below steady_cv {kw['steady_cv']:g}")
-        tiers = TieredWindow.parse_tiers(options["tiers"], f"{where}.tiers") if "tiers" in options else None
+        cap = float(settings.window_ms)
+        tiers = TieredWindow.parse_tiers(options["tiers"], f"{where}.tiers", cap) if "tiers" in options else None
         return cls(min_samples=o.count("min_samples", 8, lo=2), max_samples=o.count("max_samples", 512, lo=4),
-                   tiers=tiers, **kw)
+                   tiers=tiers, cap_ms=cap, **kw)
 
     def on_arrival(self, now_ns: int, tokens: int) -> None:
         if self._first is None:
@@ -372,8 +386,8 @@ class SloWindow:
     The wait is anchored at the channel's latest arrival (an expected arrival
     that does not come ends it) and never ends later than:
     - the earliest deadline − t(expected batch) − ``margin_ms`` (default 5);
-    - the oldest request's arrival + ``max_wait_ms`` (default the channel's
-      window_ms, which stays the longest a request waits);
+    - the oldest request's arrival + ``max_wait_ms`` (default and at most
+      the channel's window_ms);
     - the moment the batch would be full at rate λ.
     With no free slot the window is 0: the lane is re-decided when a slot frees.
     If the scheduler provides ``lane.device_busy_ns`` (time until a device can
@@ -394,7 +408,8 @@ class SloWindow:
     @classmethod
     def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "SloWindow":
         o = Options(_where(channel), options, {"max_wait_ms", "margin_ms", "rate_horizon_ms", "lead_ms"})
-        return cls(max_wait_ms=o.num("max_wait_ms", float(settings.window_ms), lo=0.0),
+        cap = float(settings.window_ms)
+        return cls(max_wait_ms=min(cap, o.num("max_wait_ms", cap, lo=0.0)),
                    margin_ms=o.num("margin_ms", 5.0, lo=0.0),
                    rate_horizon_ms=o.num("rate_horizon_ms", 250.0, lo=0.0, lo_open=True),
                    lead_ms=o.num("lead_ms", 1.0, lo=0.0))
