@@ -245,7 +245,8 @@ class Daemon:
         for item in decision.expired:
             self._fail(item, P.DEADLINE_EXCEEDED, "deadline passed before the request could run")
         for batch in decision.batches:
-            self.pool.dispatch(batch, encode_batch(batch))
+            if not self.pool.dispatch(batch, encode_batch(batch)):
+                self.scheduler.requeue(batch.items)   # a retried request waits for an idle worker
         self._arm(self.scheduler.next_wakeup(now, self.pool.free_slots()), now)
 
     def _arm(self, wake_ns: int | None, now_ns: int) -> None:

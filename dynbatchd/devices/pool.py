@@ -37,6 +37,7 @@ class Worker:
     ready: bool = False
     inflight: dict[int, tuple[Batch, int]] = field(default_factory=dict)  # batch id -> (batch, sent_ns)
     failure: str = ""
+    exclusive: bool = False   # running a retried batch alone: takes nothing else meanwhile
 
 
 def detect_devices(use: str | list[str]) -> list[str]:
@@ -123,9 +124,11 @@ class DevicePool:
         self.io.drain_now()
         lost = [b for b, _ in worker.inflight.values()]   # in the order sent: the first was running
         worker.inflight.clear()
+        worker.exclusive = False
         worker.stats.inflight = 0
         worker.ready = False
         log.error("worker %s (pid %d) exited with %s; %d batches in flight", worker.name, proc.pid, code, len(lost))
+        log.debug("lost batches: %s", [(b.id, [i.key for i in b.items]) for b in lost])
         if lost:
             self.on_lost(worker, lost[:1], lost[1:])
         if not self._ready.is_set() and worker.failure:
@@ -158,25 +161,38 @@ class DevicePool:
 
     # -- feeding ------------------------------------------------------------
     def free_slots(self) -> int:
-        return sum(self.inflight_limit - len(w.inflight) for w in self.workers.values() if w.ready)
+        return sum(0 if w.exclusive else self.inflight_limit - len(w.inflight)
+                   for w in self.workers.values() if w.ready)
 
     def inflight(self) -> int:
         return sum(len(w.inflight) for w in self.workers.values())
 
-    def dispatch(self, batch: Batch, frames: list[Any]) -> None:
-        """Send an encoded batch to the ready worker with the fewest batches in flight."""
-        worker = min((w for w in self.workers.values() if w.ready and len(w.inflight) < self.inflight_limit),
-                     key=lambda w: len(w.inflight))
+    def dispatch(self, batch: Batch, frames: list[Any]) -> bool:
+        """Send an encoded batch to the ready worker with the fewest batches in flight.
+
+        A batch of a request that was running when a worker died goes only to an
+        idle worker and runs there alone: if it kills that worker too, it is
+        certainly the cause. Returns False when no worker can take it now.
+        """
+        exclusive = any(item.retries for item in batch.items)
+        candidates = [w for w in self.workers.values() if w.ready and not w.exclusive
+                      and len(w.inflight) < (1 if exclusive else self.inflight_limit)]
+        if not candidates:
+            return False
+        worker = min(candidates, key=lambda w: len(w.inflight))
         worker.inflight[batch.id] = (batch, self.clock())
+        worker.exclusive = exclusive
         worker.stats.inflight = len(worker.inflight)
         try:
             self.io.sock.send_multipart([worker.name.encode(), *frames], copy=False)
         except zmq.ZMQError:  # the worker vanished between its last message and now
             del worker.inflight[batch.id]
+            worker.exclusive = False
             worker.stats.inflight = len(worker.inflight)
             self.on_lost(worker, [], [batch])
-            return
+            return True
         self.io.kick()
+        return True
 
     # -- worker messages ----------------------------------------------------
     def _on_batch(self, batch: list[list[bytes]]) -> None:
@@ -214,6 +230,7 @@ class DevicePool:
     def _on_result(self, worker: Worker, result: P.BatchResult, frames: list[bytes]) -> None:
         entry = worker.inflight.pop(result.batch_id, None)
         worker.stats.inflight = len(worker.inflight)
+        worker.exclusive = False
         if entry is None:
             return
         batch, _ = entry

@@ -187,7 +187,14 @@ def serve(endpoint: str, name: str) -> int:
         start = time.perf_counter_ns()
         run = execute(runner, inputs, tokens, msg.model)
         compute_ns = time.perf_counter_ns() - start
-        sock.send_multipart(encode_result(msg.batch_id, run, compute_ns, runner.simulated), copy=False)
+        # Wait until ZeroMQ has handed the result to the kernel before the next batch: if that
+        # batch kills this process, this result still reaches the daemon and is not re-run.
+        tracker = sock.send_multipart(encode_result(msg.batch_id, run, compute_ns, runner.simulated),
+                                      copy=False, track=True)
+        try:
+            tracker.wait(5.0)
+        except zmq.NotDone:
+            log.warning("result of batch %d not flushed after 5 s", msg.batch_id)
 
 
 def main(argv: list[str] | None = None) -> int:
