@@ -241,13 +241,18 @@ class Daemon:
         if self._warmup_backlog:
             self._feed_warmup()
         now = self.clock()
-        decision = self.scheduler.poll(now, self.pool.free_slots())
+        free = self.pool.free_slots()
+        busy = self.pool.busy_ns(now, self._estimate) if free else 0
+        decision = self.scheduler.poll(now, free, busy)
         for item in decision.expired:
             self._fail(item, P.DEADLINE_EXCEEDED, "deadline passed before the request could run")
         for batch in decision.batches:
             if not self.pool.dispatch(batch, encode_batch(batch)):
                 self.scheduler.requeue(batch.items)   # a retried request waits for an idle worker
-        self._arm(self.scheduler.next_wakeup(now, self.pool.free_slots()), now)
+        self._arm(self.scheduler.next_wakeup(now, self.pool.free_slots(), busy), now)
+
+    def _estimate(self, batch: Batch) -> int:
+        return self.scheduler.channels[batch.channel].cost.estimate_ns(len(batch.items), batch.tokens)
 
     def _arm(self, wake_ns: int | None, now_ns: int) -> None:
         if wake_ns is None or (self._timer is not None and self._timer_at <= wake_ns):

@@ -20,8 +20,10 @@ SETTINGS = SimpleNamespace(window_ms=100.0, max_batch=32, deadline_ms=1000.0)
 WIDE = SimpleNamespace(window_ms=500.0, max_batch=32, deadline_ms=1000.0)   # lets the guide's windows through
 
 
-def lane(queued=1, tokens=0, max_batch=32, opened_ns=0, deadline_ns=10**12, free_slots=1, cost=None) -> LaneState:
-    return LaneState(queued, tokens, max_batch, opened_ns, deadline_ns, free_slots, cost or CostModel())
+def lane(queued=1, tokens=0, max_batch=32, opened_ns=0, deadline_ns=10**12, free_slots=1, cost=None,
+         device_busy_ns=0) -> LaneState:
+    return LaneState(queued, tokens, max_batch, opened_ns, deadline_ns, free_slots, cost or CostModel(),
+                     device_busy_ns)
 
 
 def device_cost(base_ms=8.0, per_item_ms=0.5) -> CostModel:
@@ -264,8 +266,7 @@ def test_slo_respects_max_wait_and_uses_device_busy_time_when_given():
     # A lane state that says the device is busy for 20 ms more: waiting until 1 ms before then is free.
     q = SloWindow.factory("c", SETTINGS, {"lead_ms": 1})
     stream(q, 100 * MS, SECONDS)                                          # slow traffic: alone it would go now
-    busy = SimpleNamespace(**{f: getattr(lane(opened_ns=SECONDS, cost=device_cost()), f) for f in LaneState.__slots__},
-                           device_busy_ns=20 * MS)
+    busy = lane(opened_ns=SECONDS, cost=device_cost(), device_busy_ns=20 * MS)
     assert q.window_ns(SECONDS, busy) == 19 * MS
 
 

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from dynbatchd import config as cfgmod
+from dynbatchd.cli.plan import plan
 from dynbatchd.client import Client, DynbatchdError, control_call
 
 app = typer.Typer(help="Control and query a running dynbatchd.", no_args_is_help=True, add_completion=False)
@@ -218,6 +219,9 @@ def stop(ctx: typer.Context) -> None:
     """Drain and stop the daemon (same as SIGTERM)."""
     _control(ctx, "stop")
     out.print("draining")
+
+
+app.command("plan")(plan)
 
 
 def main() -> None:

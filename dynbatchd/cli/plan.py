@@ -168,21 +168,21 @@ def render(data: dict[str, Any], console: Console) -> None:
 
 
 def plan(config: Optional[Path] = typer.Option(None, "--config", "-c",
-                                               help="Config file [default: $DYNBATCHD_CONFIG, "
-                                                    "/etc/dynbatchd/dynbatchd.toml, ./etc/dynbatchd.toml]."),
+                                               help="Config file (default: $DYNBATCHD_CONFIG, "
+                                                    "/etc/dynbatchd/dynbatchd.toml, ./etc/dynbatchd.toml)."),
          model: Optional[str] = typer.Option(None, "--model", "-m",
                                              help="A model of the config, or a model directory / config.json "
-                                                  "[default: the config's first model]."),
+                                                  "(default: the config's first model)."),
          memory_gb: Optional[float] = typer.Option(None, "--memory-gb", min=0.0,
-                                                   help="Device memory in GiB [default: NVML, else devices.memory_gb]."),
+                                                   help="Device memory in GiB (default: NVML, else devices.memory_gb)."),
          seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1,
-                                               help="Tokens per request [default: the runner's max_tokens, "
-                                                    "else max_position_embeddings]."),
+                                               help="Tokens per request (default: the runner's max_tokens, "
+                                                    "else max_position_embeddings)."),
          dtype: Optional[str] = typer.Option(None, "--dtype", help="float32, float16, bfloat16, int8… "
-                                                                   "[default: the config's torch_dtype, else float32]."),
+                                                                   "(default: the config's torch_dtype, else float32)."),
          headroom: float = typer.Option(0.20, "--headroom", min=0.0, max=0.99, help="Fraction of memory kept free."),
          reserve_gb: Optional[float] = typer.Option(None, "--reserve-gb", min=0.0,
-                                                    help="Activation/workspace reserve in GiB [default: min(1, 5% of total)]."),
+                                                    help="Activation/workspace reserve in GiB (default: min(1, 5% of total))."),
          gpu: int = typer.Option(0, "--gpu", min=0, help="NVML index of the GPU to plan for."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Max batch per channel for a model on a device, from the model's config.json, with the arithmetic shown."""

@@ -164,6 +164,19 @@ class DevicePool:
         return sum(0 if w.exclusive else self.inflight_limit - len(w.inflight)
                    for w in self.workers.values() if w.ready)
 
+    def busy_ns(self, now_ns: int, estimate: Callable[[Batch], int]) -> int:
+        """How long until some worker with a free slot could start a new batch (0: one is idle)."""
+        soonest = None
+        for w in self.workers.values():
+            if not w.ready or w.exclusive or len(w.inflight) >= self.inflight_limit:
+                continue
+            finish = 0
+            for batch, sent in w.inflight.values():   # a worker runs its batches in the order sent
+                finish = max(finish, sent) + estimate(batch)
+            wait = max(0, finish - now_ns)
+            soonest = wait if soonest is None else min(soonest, wait)
+        return soonest or 0
+
     def inflight(self) -> int:
         return sum(len(w.inflight) for w in self.workers.values())
 

@@ -86,13 +86,17 @@ class Scheduler:
         self.draining = True
 
     # -- decisions ----------------------------------------------------------
-    def poll(self, now_ns: int, free_slots: int) -> Decision:
-        """Answer hopeless requests, then fill up to `free_slots` with the most urgent ready batches."""
+    def poll(self, now_ns: int, free_slots: int, device_busy_ns: int = 0) -> Decision:
+        """Answer hopeless requests, then fill up to `free_slots` with the most urgent ready batches.
+
+        `device_busy_ns`: how long until a device with a free slot could start a
+        batch (0 when one is idle); window policies may weigh it.
+        """
         decision = Decision()
         for channel in self.channels.values():
             channel.expire(now_ns, decision.expired)
         while free_slots > 0:
-            pick = self._most_urgent_ready(now_ns, free_slots)
+            pick = self._most_urgent_ready(now_ns, free_slots, device_busy_ns)
             if pick is None:
                 break
             channel, lane = pick
@@ -103,7 +107,7 @@ class Scheduler:
             free_slots -= 1
         return decision
 
-    def _most_urgent_ready(self, now_ns: int, free_slots: int) -> tuple[Channel, Lane] | None:
+    def _most_urgent_ready(self, now_ns: int, free_slots: int, busy_ns: int) -> tuple[Channel, Lane] | None:
         """Which ready lane a free slot serves.
 
         1. A channel below its configured minimum share of dispatched requests
@@ -123,7 +127,7 @@ class Scheduler:
             starved = settings.min_share > 0 and self._recent[channel.name] / total < settings.min_share
             batch_time = channel.cost.estimate_ns(channel.sizer.max_batch())
             for lane in channel.lanes.values():
-                if channel.ready_at(lane, now_ns, free_slots, self.draining) > now_ns:
+                if channel.ready_at(lane, now_ns, free_slots, self.draining, busy_ns) > now_ns:
                     continue
                 deadline = lane.head_deadline()
                 urgent = deadline - batch_time - channel.cost.estimate_ns(len(lane), lane.tokens) <= now_ns
@@ -132,7 +136,7 @@ class Scheduler:
                     best, best_key = (channel, lane), key
         return best
 
-    def next_wakeup(self, now_ns: int, free_slots: int) -> int | None:
+    def next_wakeup(self, now_ns: int, free_slots: int, device_busy_ns: int = 0) -> int | None:
         """The earliest future time a poll could change something: a window end, an urgency or an expiry.
 
         Lanes already ready (or any lane, when no slot is free) wait for a device
@@ -147,7 +151,7 @@ class Scheduler:
             for lane in channel.lanes.values():
                 if not lane.heap:
                     continue
-                at = channel.ready_at(lane, now_ns, free_slots, self.draining) if free_slots else NEVER
+                at = channel.ready_at(lane, now_ns, free_slots, self.draining, device_busy_ns) if free_slots else NEVER
                 if at <= now_ns:
                     at = NEVER
                 if not channel.settings.run_late:

@@ -136,11 +136,11 @@ class Channel:
                 self.depth -= 1
                 self.stats.expired += 1
 
-    def lane_state(self, lane: Lane, free_slots: int) -> LaneState:
+    def lane_state(self, lane: Lane, free_slots: int, busy_ns: int = 0) -> LaneState:
         return LaneState(len(lane), lane.tokens, self.sizer.max_batch(), lane.opened_ns,
-                         lane.head_deadline(), free_slots, self.cost)
+                         lane.head_deadline(), free_slots, self.cost, busy_ns)
 
-    def ready_at(self, lane: Lane, now_ns: int, free_slots: int, draining: bool) -> int:
+    def ready_at(self, lane: Lane, now_ns: int, free_slots: int, draining: bool, busy_ns: int = 0) -> int:
         """When this lane's next batch may be cut: `now_ns` or earlier means now."""
         if not lane.heap:
             return NEVER
@@ -148,7 +148,7 @@ class Channel:
         cap = self.settings.max_tokens
         if draining or len(lane) >= limit or (cap and lane.tokens >= cap):
             return now_ns
-        state = self.lane_state(lane, free_slots)
+        state = self.lane_state(lane, free_slots, busy_ns)
         # window_ms bounds every policy: the compliance rules and the operator's SLO rely on it.
         window = min(self.window.window_ns(now_ns, state), int(self.settings.window_ms * MS))
         window_end = lane.opened_ns + window

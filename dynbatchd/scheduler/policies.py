@@ -24,6 +24,7 @@ class LaneState:
     earliest_deadline_ns: int
     free_slots: int        # device slots free right now (0: a batch would wait anyway)
     cost: "CostModel"      # learned compute time per batch
+    device_busy_ns: int = 0  # until a device with a free slot could start this batch (0: one is idle)
 
 
 class WindowPolicy(Protocol):
