@@ -386,9 +386,9 @@ def _execute(model: DeviceModel, items: list[Item]) -> tuple[int, set[int], bool
         run(idx[:half])
         run(idx[half:])
 
-    half = len(items) // 2
-    run(list(range(half)))
-    run(list(range(half, len(items))))
+    # As worker.execute: after the whole batch fails, _bisect starts from the whole list again
+    # (so a real device pays the failed full-size attempt twice), then halves.
+    run(list(range(len(items))))
     return spent[0], errors, True
 
 

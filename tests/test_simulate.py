@@ -274,3 +274,12 @@ def test_batch_sizers_are_fed_once_a_simulated_second_like_the_daemon():
     simulate({"s": settings}, trace, device=dev, sizers={"spy": lambda name, s, o: Spy()})
     # 48 ms of compute in the first second; the fullest batch used 32/64 of the memory limit.
     assert seen == [(1_000_000_000, 0.048, 0.5, 0)]
+
+
+def test_failed_attempts_cost_device_time_as_the_worker_pays_them():
+    # 16 items, room for 8, each failed attempt wastes 2 ms: the worker tries 16 (fails), tries 16
+    # again inside its bisection (fails), then runs 8 + 8 = 2 × 12 ms.
+    dev = DeviceModel(base_ms=8.0, per_item_ms=0.5, memory_items=8, oom_ms=2.0)
+    r = simulate({"s": ch(max_batch=16, window_ms=0)}, [(0, 0, "s")] * 16, device=dev)
+    (b,) = r.batches
+    assert b.oom and b.compute_ns == (2 + 2 + 12 + 12) * MS
