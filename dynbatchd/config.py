@@ -51,6 +51,7 @@ class DaemonSettings(Frozen, kw_only=True):
 class DeviceSettings(Frozen, kw_only=True):
     use: str | list[str] = "auto"
     inflight: Annotated[int, Meta(ge=1, le=8)] = 2
+    queue_lead_ms: Millis = 1.0
     cpu_threads: NonNegative = 0
     memory_gb: Annotated[float, Meta(ge=0)] = 0.0
     restart_limit: NonNegative = 5

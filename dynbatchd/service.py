@@ -104,6 +104,7 @@ class Daemon:
         models = [P.ModelSpec(n, m.runner, dict(m.options)) for n, m in self.config.models.items()]
         self.pool = DevicePool(ctx, devices, models, inflight=self.config.devices.inflight,
                                cpu_threads=self.config.devices.cpu_threads, ipc_dir=ipc_dir,
+                               queue_lead_ns=int(self.config.devices.queue_lead_ms * 1e6),
                                restart_limit=self.config.devices.restart_limit, on_result=self._on_result,
                                on_lost=self._on_lost, on_capacity=self._schedule_pump, clock=self.clock,
                                log_level=self.config.daemon.log_level)
@@ -241,15 +242,26 @@ class Daemon:
         if self._warmup_backlog:
             self._feed_warmup()
         now = self.clock()
-        free = self.pool.free_slots()
-        busy = self.pool.busy_ns(now, self._estimate) if free else 0
-        decision = self.scheduler.poll(now, free, busy)
-        for item in decision.expired:
-            self._fail(item, P.DEADLINE_EXCEEDED, "deadline passed before the request could run")
-        for batch in decision.batches:
-            if not self.pool.dispatch(batch, encode_batch(batch)):
-                self.scheduler.requeue(batch.items)   # a retried request waits for an idle worker
-        self._arm(self.scheduler.next_wakeup(now, self.pool.free_slots(), busy), now)
+        while True:   # each dispatch may open the device's next slot: ask again until none opens
+            free, busy = self.pool.open_slots(now, self._estimate)
+            decision = self.scheduler.poll(now, free, busy)
+            for item in decision.expired:
+                self._fail(item, P.DEADLINE_EXCEEDED, "deadline passed before the request could run")
+            sent = 0
+            for batch in decision.batches:
+                if self.pool.dispatch(batch, encode_batch(batch), now, self._estimate):
+                    sent += 1
+                else:
+                    self.scheduler.requeue(batch.items)   # a retried request waits for an idle worker
+            if not sent:
+                break
+        free, busy = self.pool.open_slots(now, self._estimate)
+        wake = self.scheduler.next_wakeup(now, free, busy)
+        if self.scheduler.depth():   # a queued slot opening soon is worth waking for
+            opening = self.pool.next_opening_ns(now, self._estimate)
+            if opening is not None:
+                wake = opening if wake is None else min(wake, opening)
+        self._arm(wake, now)
 
     def _estimate(self, batch: Batch) -> int:
         return self.scheduler.channels[batch.channel].cost.estimate_ns(len(batch.items), batch.tokens)

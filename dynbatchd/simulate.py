@@ -8,8 +8,8 @@ simulated device runs the batches it holds one after another, taking
 of ``devices.runners.SimulatedRunner``), and holds at most ``inflight``
 batches, as a live worker does. The loop mirrors ``service.Daemon``: route,
 submit (full queue -> ``overloaded``), poll with the free device slots,
-answer the expired (``deadline_exceeded``), dispatch to the device with the
-fewest batches held, report each finished batch to
+answer the expired (``deadline_exceeded``), dispatch through the same slot
+rules (``dynbatchd.scheduler.slots``), report each finished batch to
 ``Scheduler.completed`` (and ``out_of_memory`` after an OOM), and sleep until
 the next arrival, completion or ``Scheduler.next_wakeup``.
 
@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.scheduler import Batch, Item, Scheduler, build_channels
+from dynbatchd.scheduler.slots import DeviceView, next_opening_ns, open_slots, pick_device
 
 MS = 1_000_000
 NEVER = 1 << 62
@@ -386,9 +387,13 @@ def _execute(model: DeviceModel, items: list[Item]) -> tuple[int, set[int], bool
         run(idx[:half])
         run(idx[half:])
 
-    # As worker.execute: after the whole batch fails, _bisect starts from the whole list again
-    # (so a real device pays the failed full-size attempt twice), then halves.
-    run(list(range(len(items))))
+    # As worker.execute: the whole batch failed once; go straight to its halves.
+    everything = list(range(len(items)))
+    if len(items) == 1:
+        errors.add(0)
+    else:
+        run(everything[:len(items) // 2])
+        run(everything[len(items) // 2:])
     return spent[0], errors, True
 
 
@@ -396,7 +401,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
              device: DeviceModel | None = None, devices: int = 1, inflight: int = 2,
              window_policies: Mapping[str, Any] | None = None, sizers: Mapping[str, Any] | None = None,
              route: Router | None = None, routing: Any = None, plugins: Any = None,
-             observe_every_ms: float = 1000.0, dispatch: str = "fewest",
+             observe_every_ms: float = 1000.0, dispatch: str = "daemon", queue_lead_ms: float = 1.0,
              max_events: int = 50_000_000) -> SimResult:
     """Run `arrivals` through the real scheduler on `devices` simulated devices.
 
@@ -414,14 +419,19 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     fullest batch's share of the device memory limit in that period (what
     NVML would report; 0 without a limit) and the channel's queue length.
 
-    `dispatch`: "fewest" sends a batch to the device holding the fewest
-    batches, as ``DevicePool.dispatch`` does; "soonest" (a what-if) to the
-    device that will be free first.
+    `dispatch`: "daemon" (the default) decides slots and devices exactly as
+    the daemon does (``dynbatchd.scheduler.slots``: a queued slot opens
+    `queue_lead_ms` before the running batch ends; the device that can start
+    the batch soonest takes it), except that the simulator knows when a device
+    frees where the daemon estimates it from the learned cost model. "fewest"
+    (a what-if: the daemon's first design) opens every slot at once and sends a
+    batch to the device holding the fewest batches.
     """
     device = device or DeviceModel()
-    if dispatch not in ("fewest", "soonest"):
-        raise ValueError(f"dispatch must be 'fewest' or 'soonest', not {dispatch!r}")
-    soonest = dispatch == "soonest"
+    if dispatch not in ("daemon", "fewest"):
+        raise ValueError(f"dispatch must be 'daemon' or 'fewest', not {dispatch!r}")
+    legacy = dispatch == "fewest"
+    lead_ns = int(queue_lead_ms * MS)
     if devices < 1 or inflight < 1:
         raise ValueError("need at least one device with at least one slot")
     trace = sorted((as_arrival(a) for a in arrivals), key=lambda a: a.at_ns)
@@ -458,25 +468,39 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
         outcome[idx] = code
         latency[idx] = at - trace[idx].at_ns
 
+    def slots(at: int) -> tuple[int, int]:
+        if legacy:
+            return free, 0
+        return open_slots([DeviceView(d.held, d.free_at) for d in devs], at, inflight, lead_ns)
+
     def pump(at: int) -> int:
         nonlocal seq, polls, free
-        polls += 1
-        decision = sched.poll(at, free)
-        for item in decision.expired:
-            answer(item.payload, EXPIRED, at)
-        for batch in decision.batches:
-            if soonest:
-                dev = min((d for d in devs if d.held < inflight), key=lambda d: (max(d.free_at, at), d.held))
-            else:   # the pool's choice: fewest batches in flight
-                dev = min(devs, key=lambda d: d.held)
-            dev.held += 1
-            free -= 1
-            compute, errors, oom = _execute(device, batch.items)
-            start = max(at, dev.free_at)
-            dev.free_at = start + compute
-            seq += 1
-            heapq.heappush(done, (dev.free_at, seq, dev, batch, compute, errors, oom, start))
-        wake = sched.next_wakeup(at, free)
+        while True:   # as the daemon: dispatch, then ask again, while slots keep opening
+            polls += 1
+            open_now, busy = slots(at)
+            decision = sched.poll(at, open_now, busy)
+            for item in decision.expired:
+                answer(item.payload, EXPIRED, at)
+            for batch in decision.batches:
+                if legacy:
+                    dev = min(devs, key=lambda d: d.held)
+                else:
+                    dev = devs[pick_device([DeviceView(d.held, d.free_at) for d in devs], at, inflight, lead_ns)]
+                dev.held += 1
+                free -= 1
+                compute, errors, oom = _execute(device, batch.items)
+                start = max(at, dev.free_at)
+                dev.free_at = start + compute
+                seq += 1
+                heapq.heappush(done, (dev.free_at, seq, dev, batch, compute, errors, oom, start))
+            if not decision.batches or legacy:
+                break
+        open_now, busy = slots(at)
+        wake = sched.next_wakeup(at, open_now, busy)
+        if not legacy and sched.depth():
+            opening = next_opening_ns([DeviceView(d.held, d.free_at) for d in devs], at, inflight, lead_ns)
+            if opening is not None:
+                wake = opening if wake is None else min(wake, opening)
         return NEVER if wake is None else max(wake, at + 1)
 
     def observe(at: int) -> None:

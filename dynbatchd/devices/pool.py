@@ -2,7 +2,9 @@
 
 Workers connect to one ROUTER socket on an ipc:// endpoint. Each may hold up
 to `inflight` batches (one computing, the next already waiting) so the
-device never idles while the daemon assembles work. A worker that dies is
+device never idles while the daemon assembles work; the next batch is sent
+only when the running one is due to end within `queue_lead_ns`
+(`dynbatchd.scheduler.slots`), and to the worker that can start it soonest. A worker that dies is
 restarted; the batches it held are handed back to the caller (`on_lost`),
 split into the one it was running and those still waiting, to be requeued or
 answered, never silently dropped.
@@ -22,6 +24,7 @@ import zmq
 
 from dynbatchd import protocol as P
 from dynbatchd.scheduler import Batch
+from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_opening_ns, open_slots, pick_device
 from dynbatchd.telemetry import DeviceStats
 from dynbatchd.transport import LoopSocket
 
@@ -65,13 +68,14 @@ def detect_devices(use: str | list[str]) -> list[str]:
 
 class DevicePool:
     def __init__(self, ctx: zmq.Context, devices: list[str], models: list[P.ModelSpec], *,
-                 inflight: int, cpu_threads: int, ipc_dir: str, restart_limit: int,
+                 inflight: int, cpu_threads: int, ipc_dir: str, restart_limit: int, queue_lead_ns: int,
                  on_result: Callable[[Worker, Batch, P.BatchResult, list[bytes]], None],
                  on_lost: Callable[[Worker, list[Batch], list[Batch]], None],
                  on_capacity: Callable[[], None],
                  clock: Callable[[], int] = time.monotonic_ns, log_level: str = "info"):
         self.models = models
         self.inflight_limit = inflight
+        self.queue_lead_ns = queue_lead_ns
         self.cpu_threads = cpu_threads
         self.restart_limit = restart_limit
         self.on_result = on_result
@@ -160,40 +164,37 @@ class DevicePool:
         self.io.sock.close(0)
 
     # -- feeding ------------------------------------------------------------
-    def free_slots(self) -> int:
-        return sum(0 if w.exclusive else self.inflight_limit - len(w.inflight)
-                   for w in self.workers.values() if w.ready)
+    def views(self, now_ns: int, estimate: Callable[[Batch], int]) -> list[DeviceView]:
+        """Each worker as the dispatcher sees it: batches held and when they should all be done."""
+        return [DeviceView(len(w.inflight), estimated_free_at(w.inflight.values(), estimate),
+                           w.ready and not w.exclusive) for w in self.workers.values()]
 
-    def busy_ns(self, now_ns: int, estimate: Callable[[Batch], int]) -> int:
-        """How long until some worker with a free slot could start a new batch (0: one is idle)."""
-        soonest = None
-        for w in self.workers.values():
-            if not w.ready or w.exclusive or len(w.inflight) >= self.inflight_limit:
-                continue
-            finish = 0
-            for batch, sent in w.inflight.values():   # a worker runs its batches in the order sent
-                finish = max(finish, sent) + estimate(batch)
-            wait = max(0, finish - now_ns)
-            soonest = wait if soonest is None else min(soonest, wait)
-        return soonest or 0
+    def open_slots(self, now_ns: int, estimate: Callable[[Batch], int]) -> tuple[int, int]:
+        """(slots a new batch may take now, ns until the soonest of them could start it)."""
+        return open_slots(self.views(now_ns, estimate), now_ns, self.inflight_limit, self.queue_lead_ns)
+
+    def next_opening_ns(self, now_ns: int, estimate: Callable[[Batch], int]) -> int | None:
+        return next_opening_ns(self.views(now_ns, estimate), now_ns, self.inflight_limit, self.queue_lead_ns)
 
     def inflight(self) -> int:
         return sum(len(w.inflight) for w in self.workers.values())
 
-    def dispatch(self, batch: Batch, frames: list[Any]) -> bool:
-        """Send an encoded batch to the ready worker with the fewest batches in flight.
+    def dispatch(self, batch: Batch, frames: list[Any], now_ns: int, estimate: Callable[[Batch], int]) -> bool:
+        """Send an encoded batch to the worker that can start it soonest.
 
         A batch of a request that was running when a worker died goes only to an
         idle worker and runs there alone: if it kills that worker too, it is
         certainly the cause. Returns False when no worker can take it now.
         """
         exclusive = any(item.retries for item in batch.items)
-        candidates = [w for w in self.workers.values() if w.ready and not w.exclusive
-                      and len(w.inflight) < (1 if exclusive else self.inflight_limit)]
-        if not candidates:
+        views = self.views(now_ns, estimate)
+        if exclusive:
+            views = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0) for v in views]
+        index = pick_device(views, now_ns, self.inflight_limit, self.queue_lead_ns)
+        if index is None:
             return False
-        worker = min(candidates, key=lambda w: len(w.inflight))
-        worker.inflight[batch.id] = (batch, self.clock())
+        worker = list(self.workers.values())[index]
+        worker.inflight[batch.id] = (batch, now_ns)
         worker.exclusive = exclusive
         worker.stats.inflight = len(worker.inflight)
         try:

@@ -54,16 +54,24 @@ def execute(runner: Runner, inputs: list[Any], tokens: list[int], model: str) ->
         if problem:
             result.errors[i] = problem
     good = [i for i in range(len(inputs)) if i not in result.errors]
-    if len(good) == len(inputs):
-        try:
-            result.batch = _as_batch(runner.run(inputs, tokens), len(inputs))
-            return result
-        except OutOfMemory:
-            result.oom = True
-        except Exception as exc:  # fall through to isolation
-            log.warning("model %s failed a batch of %d (%s); isolating the failing inputs",
-                        model, len(inputs), type(exc).__name__)
-    _bisect(runner, inputs, tokens, good, result, model)
+    if len(good) < len(inputs):
+        _bisect(runner, inputs, tokens, good, result, model)
+        return result
+    try:
+        result.batch = _as_batch(runner.run(inputs, tokens), len(inputs))
+        return result
+    except OutOfMemory:
+        result.oom = True
+    except Exception as exc:
+        log.warning("model %s failed a batch of %d (%s); isolating the failing inputs",
+                    model, len(inputs), type(exc).__name__)
+    if len(good) == 1:
+        result.errors[0] = ("out of device memory for a single input" if result.oom
+                            else f"model {model} failed on this input")
+        return result
+    half = len(good) // 2   # the whole batch already failed: go straight to its halves
+    _bisect(runner, inputs, tokens, good[:half], result, model)
+    _bisect(runner, inputs, tokens, good[half:], result, model)
     return result
 
 

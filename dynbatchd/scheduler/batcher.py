@@ -49,15 +49,16 @@ class Scheduler:
         self.channels = channels
         self.draining = False
         self._next_batch_id = 0
-        self._recent = {name: 0.0 for name in channels}  # requests dispatched, decayed per batch
+        self._recent = {name: 0.0 for name in channels}  # device time dispatched, decayed per batch
 
     SHARE_MEMORY = 0.99  # each batch, older dispatches count 1% less: shares follow the last ~100 batches
 
-    def _count_share(self, name: str, size: int) -> None:
+    def _count_share(self, name: str, device_ns: float) -> None:
+        """Shares are of device time, not requests: a bulk request of 10k tokens is not one short one."""
         recent = self._recent
         for key in recent:
             recent[key] *= self.SHARE_MEMORY
-        recent[name] += size
+        recent[name] += device_ns
 
     # -- inputs -------------------------------------------------------------
     def submit(self, item: Item, now_ns: int) -> bool:
@@ -94,7 +95,7 @@ class Scheduler:
         """
         decision = Decision()
         for channel in self.channels.values():
-            channel.expire(now_ns, decision.expired)
+            channel.expire(now_ns, decision.expired, device_busy_ns)
         while free_slots > 0:
             pick = self._most_urgent_ready(now_ns, free_slots, device_busy_ns)
             if pick is None:
@@ -103,14 +104,14 @@ class Scheduler:
             self._next_batch_id += 1
             batch = channel.form(lane, self._next_batch_id, now_ns)
             decision.batches.append(batch)
-            self._count_share(channel.name, len(batch.items))
+            self._count_share(channel.name, channel.cost.estimate_ns(len(batch.items), batch.tokens) or len(batch.items))
             free_slots -= 1
         return decision
 
     def _most_urgent_ready(self, now_ns: int, free_slots: int, busy_ns: int) -> tuple[Channel, Lane] | None:
         """Which ready lane a free slot serves.
 
-        1. A channel below its configured minimum share of dispatched requests
+        1. A channel below its configured minimum share of recent device time
            (so no channel starves forever under overload);
         2. then lanes whose most urgent request cannot wait another batch time,
            higher channel priority first (realtime keeps its deadlines, lower

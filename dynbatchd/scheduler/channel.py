@@ -124,12 +124,12 @@ class Channel:
         self.lane_for(item).push(item)
         self.depth += 1
 
-    def expire(self, now_ns: int, out: list[Item]) -> None:
+    def expire(self, now_ns: int, out: list[Item], device_busy_ns: int = 0) -> None:
         """Move requests that can no longer finish in time to `out` (unless run_late)."""
         if self.settings.run_late:
             return
-        # A request is hopeless once even a batch of one would end past its deadline.
-        horizon = now_ns + self.cost.estimate_ns(1)
+        # Hopeless: even a batch of one, started when a device is next free, would end too late.
+        horizon = now_ns + device_busy_ns + self.cost.estimate_ns(1)
         for lane in self.lanes.values():
             while lane.heap and lane.heap[0][0] < horizon:
                 out.append(lane.pop())
