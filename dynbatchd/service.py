@@ -14,8 +14,8 @@ import logging
 import os
 import signal
 import tempfile
+import itertools
 import time
-from collections import deque
 from typing import Any, Callable
 
 import zmq
@@ -24,46 +24,19 @@ from dynbatchd import __version__, config as cfgmod, protocol as P, systemd
 from dynbatchd.cache import ResultCache
 from dynbatchd.config import Config, ConfigError
 from dynbatchd.control.server import ControlServer
+from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, Worker, detect_devices
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.metrics import serve as serve_metrics
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import Batch, Item, Scheduler, build_channels
-from dynbatchd.telemetry import NvmlProbe
 from dynbatchd.transport import FrontEnd
+from dynbatchd.validation import validate_config
+from dynbatchd.warmup import WarmupFeeder, estimate_tokens
 
 log = logging.getLogger("dynbatchd")
 
 MAX_RETRIES = 1  # a request whose worker died under it is run once more, then answered model_error
-
-
-def validate_config(config: Config, plugins: Plugins) -> None:
-    """Everything beyond structure: known runners and policies, and every compliance rule."""
-    runners = plugins.runners()
-    for name, model in config.models.items():
-        if model.runner not in runners:
-            raise ConfigError(config.source, f"models.{name}.runner",
-                              f"unknown runner {model.runner!r} (known: {', '.join(sorted(runners))})")
-    try:
-        build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
-    except KeyError as exc:
-        key, _, rule = str(exc.args[0]).partition(": ")
-        raise ConfigError(config.source, key, rule) from None
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(config.source, "channels", f"policy options rejected: {exc}") from None
-    violations = plugins.check_config(config)
-    if violations:
-        v = violations[0]
-        more = f" (and {len(violations) - 1} more)" if len(violations) > 1 else ""
-        raise ConfigError(config.source, v.key, f"refused by compliance: {v.rule}{more}")
-
-
-def estimate_tokens(request: P.Request) -> int:
-    if request.tokens is not None:
-        return request.tokens
-    if request.text is not None:
-        return len(request.text) // 4 + 1  # ~4 characters per token for English text
-    return 0
 
 
 class Daemon:
@@ -76,7 +49,7 @@ class Daemon:
         self.started_ns = clock()
         self.state = "starting"
         self.scheduler = Scheduler(build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers()))
-        self._keys = 0
+        self._next_key = itertools.count(1).__next__
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._pump_scheduled = False
@@ -87,7 +60,7 @@ class Daemon:
         self.pool: DevicePool | None = None
         self.control: ControlServer | None = None
         self.cache = ResultCache(config.cache.entries) if config.cache.entries else None
-        self._warmup_backlog: deque[tuple[str, str]] = deque()
+        self.warmup_feeder = WarmupFeeder(self.scheduler, self._next_key)
 
     # -- lifecycle ----------------------------------------------------------
     async def run(self) -> int:
@@ -126,7 +99,8 @@ class Daemon:
         self.front.io.start(loop)
         metrics = await serve_metrics(self.config.daemon.metrics_listen, self.status) \
             if self.config.daemon.metrics_listen else None
-        observer = asyncio.ensure_future(self._observe_devices())
+        observer = asyncio.ensure_future(observe_devices(self.pool, self.scheduler.channels, self.clock,
+                                                         self._schedule_pump))
         self.state = "serving"
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.daemon.listen}\nMAINPID={os.getpid()}")
         log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
@@ -149,7 +123,7 @@ class Daemon:
 
     async def _drain(self) -> None:
         log.info("draining: %d queued, %d batches in flight", self.scheduler.depth(), self.pool.inflight())
-        self._warmup_backlog.clear()   # warmup is optional work: never let it hold a stop up
+        self.warmup_feeder.backlog.clear()   # warmup is optional work: never let it hold a stop up
         self.scheduler.drain()
         self._pump()
         deadline = self.clock() + int(self.config.daemon.drain_timeout_s * 1e9)
@@ -211,8 +185,7 @@ class Daemon:
                 self._reply_cached(envelope, request, channel, hit, now)
                 return
         deadline_ms = request.deadline_ms or config.channels[channel].deadline_ms
-        self._keys += 1
-        item = Item(self._keys, request.model, now, now + int(deadline_ms * 1e6), tokens, request.tenant,
+        item = Item(self._next_key(), request.model, now, now + int(deadline_ms * 1e6), tokens, request.tenant,
                     (envelope, request, frames), channel)
         if not self.scheduler.submit(item, now):
             front.reject(envelope, request.id, P.OVERLOADED,
@@ -222,14 +195,14 @@ class Daemon:
 
     def _reply_cached(self, envelope: list[bytes], request: P.Request, channel: str, hit: tuple, now: int) -> None:
         output, data = hit
-        timing = P.Timing(0, 0, (self.clock() - now) // 1000, 0, channel, "cache")
+        timing = P.Timing(0, 0, 0, 0, channel, "cache")
         if data is not None:
             self.front.reply(envelope, P.Reply(request.id, True, tensor=output, timing=timing), (data,))
         else:
             self.front.reply(envelope, P.Reply(request.id, True, value=output, timing=timing))
         stats = self.scheduler.channels[channel].stats
         stats.completed += 1
-        stats.latency.record((self.clock() - now) / 1000)
+        stats.latency.record(0.0)
 
     # -- scheduling ---------------------------------------------------------
     def _schedule_pump(self) -> None:
@@ -239,9 +212,9 @@ class Daemon:
 
     def _pump(self) -> None:
         self._pump_scheduled = False
-        if self._warmup_backlog:
-            self._feed_warmup()
         now = self.clock()
+        if self.warmup_feeder.backlog:
+            self.warmup_feeder.feed(self.config.cache.warmup_channel or self.config.routing.default, now)
         while True:   # each dispatch may open the device's next slot: ask again until none opens
             free, busy = self.pool.open_slots(now, self._estimate)
             decision = self.scheduler.poll(now, free, busy)
@@ -346,60 +319,16 @@ class Daemon:
         self.scheduler.requeue(retry)
         self._schedule_pump()
 
-    async def _observe_devices(self, every_s: float = 1.0) -> None:
-        """Feed batch-size policies: device utilisation (NVML, else the worker's busy
-        fraction) and memory use, with each channel's queue length, once a second."""
-        probe = NvmlProbe()
-        last = {w.name: (w.stats.busy_ns, self.clock()) for w in self.pool.workers.values()}
-        while True:
-            await asyncio.sleep(every_s)
-            now = self.clock()
-            utils, mems = [], []
-            for worker in self.pool.workers.values():
-                busy0, t0 = last.get(worker.name, (worker.stats.busy_ns, now))
-                last[worker.name] = (worker.stats.busy_ns, now)
-                reading = probe.read(worker.device)
-                if reading is not None:
-                    utils.append(reading[0])
-                    mems.append(reading[1])
-                elif now > t0:
-                    utils.append(min(1.0, (worker.stats.busy_ns - busy0) / (now - t0)))
-            util = sum(utils) / len(utils) if utils else 0.0
-            mem = max(mems) if mems else 0.0
-            for channel in self.scheduler.channels.values():
-                channel.sizer.observe(utilisation=util, memory=mem, queue_len=channel.depth, now_ns=now)
-            self._schedule_pump()
-
     # -- warmup -------------------------------------------------------------
     def warmup(self, model: str | None, top_users: int) -> dict[str, int]:
         """Queue the inputs the warmup plugins name; they run in the warmup channel as it has room."""
-        models = [model] if model else list(self.config.models)
-        jobs = [job for m in models for job in self.plugins.warmup_jobs(m, top_users, self.config)]
-        fresh = cached = 0
-        for job in jobs:
-            for text in job.inputs:
-                if (job.model, None, text) in self.cache:
-                    cached += 1
-                else:
-                    self._warmup_backlog.append((job.model, text))
-                    fresh += 1
+        queued = cached = 0
+        for m in [model] if model else list(self.config.models):
+            for job in self.plugins.warmup_jobs(m, top_users, self.config):
+                q, c = self.warmup_feeder.add(job.model, job.inputs, self.cache)
+                queued, cached = queued + q, cached + c
         self._schedule_pump()
-        return {"queued": fresh, "already_cached": cached, "backlog": len(self._warmup_backlog)}
-
-    def _feed_warmup(self) -> None:
-        """Top up the warmup channel to half its queue, so warmup never crowds out live traffic."""
-        channel_name = self.config.cache.warmup_channel or self.config.routing.default
-        channel = self.scheduler.channels[channel_name]
-        room = channel.settings.queue_limit // 2 - channel.depth
-        now = self.clock()
-        while room > 0 and self._warmup_backlog:
-            model, text = self._warmup_backlog.popleft()
-            self._keys += 1
-            request = P.Request(0, model, text=text)
-            item = Item(self._keys, model, now, now + 3_600 * 10**9, estimate_tokens(request), None,
-                        (None, request, []), channel_name)
-            self.scheduler.submit(item, now)
-            room -= 1
+        return {"queued": queued, "already_cached": cached, "backlog": len(self.warmup_feeder.backlog)}
 
     # -- control ------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -412,7 +341,7 @@ class Daemon:
                        "dropped": self.front.dropped if self.front else 0},
             "channels": self.scheduler.snapshot(),
             "devices": self.pool.snapshot() if self.pool else [],
-            "cache": {**self.cache.snapshot(), "warmup_backlog": len(self._warmup_backlog)} if self.cache is not None else None,
+            "cache": {**self.cache.snapshot(), "warmup_backlog": len(self.warmup_feeder.backlog)} if self.cache is not None else None,
         }
 
     def apply_config(self, new: Config) -> list[str]:

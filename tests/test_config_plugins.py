@@ -14,7 +14,7 @@ from dynbatchd.cli.dynbatchd import app as dynbatchd_app
 from dynbatchd.config import ConfigError
 from dynbatchd.hookspecs import RequestInfo, hookimpl
 from dynbatchd.plugins import PluginError, Plugins
-from dynbatchd.service import validate_config
+from dynbatchd.validation import validate_config
 
 REPO = Path(__file__).resolve().parent.parent
 SHIPPED = REPO / "etc" / "dynbatchd.toml"

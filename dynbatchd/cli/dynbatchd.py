@@ -38,7 +38,7 @@ def _config_path(path: Path | None) -> Path:
 
 def load_checked(path: Path) -> tuple[cfgmod.Config, Plugins]:
     """Load, validate and compliance-check a config; exits with one clear line on error."""
-    from dynbatchd.service import validate_config
+    from dynbatchd.validation import validate_config
 
     try:
         plugins = Plugins.load()
