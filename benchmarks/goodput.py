@@ -49,7 +49,7 @@ def find_goodput(measure: Callable[[float], tuple[RunResult, dict[str, Any]]], *
         result, extra = measure(rate)
         search.trials.append((rate, result, extra))
         ok = search.passed(result)
-        log(f"    {rate:>9.1f} req/s offered -> {result.achieved_rps:>9.1f} ok/s  p99 {result.p99_ms:>9.2f} ms  "
+        log(f"    {rate:>9.1f} req/s offered ({result.sent_rps:>9.1f} sent) -> {result.achieved_rps:>9.1f} ok/s  p99 {result.p99_ms:>9.2f} ms  "
             f"errors {result.error_count:>5}  batch {result.mean_batch:>5.1f}  {'PASS' if ok else 'fail'}")
         return ok
 

@@ -89,6 +89,7 @@ class CpuSample:
     daemon_s: float
     workers_s: float
     worker_pids: tuple[int, ...]
+    daemon_rss: int = 0   # bytes resident, the daemon process only
 
 
 class RunningDaemon:
@@ -176,7 +177,7 @@ class RunningDaemon:
                 continue
             workers += ct.user + ct.system
             pids.append(child.pid)
-        return CpuSample(at, daemon, workers, tuple(sorted(pids)))
+        return CpuSample(at, daemon, workers, tuple(sorted(pids)), self._ps.memory_info().rss)
 
     def status(self) -> dict[str, Any]:
         return control_call(self.control, "status", timeout_s=5.0)
@@ -229,5 +230,8 @@ def cpu_delta(before: CpuSample, after: CpuSample, requests: int) -> dict[str, A
         "daemon_cores": round(daemon / wall, 3) if wall > 0 else None,
         "workers_cores": round(workers / wall, 3) if wall > 0 else None,
         "worker_pids_changed": before.worker_pids != after.worker_pids,
+        "daemon_rss_mb": round(after.daemon_rss / 1e6, 1),
+        "daemon_rss_growth_kb_per_1k_req": round((after.daemon_rss - before.daemon_rss) / 1e3 / requests * 1000, 1)
+        if requests else None,
         "clock_tick_s": 1.0 / os.sysconf("SC_CLK_TCK"),
     }

@@ -25,6 +25,7 @@ from dynbatchd.client import build_request
 
 BURST = 256            # most requests sent before replies are read again
 TICK_S = 0.0002        # shortest sleep: requests due within it go out together (bounds wake-ups/s)
+KEEP_UP = 0.97         # a run "keeps up" when ok replies/s >= this share of requests sent/s (same window)
 MISSING = "missing"    # pseudo error code: a request that got no reply by the end of the drain
 
 
@@ -38,6 +39,7 @@ class RunResult:
     duplicates: int             # replies for an id already answered
     unexpected: int             # replies for ids never sent
     achieved_rps: float         # ok replies per second over the measured window
+    sent_rps: float             # requests scheduled per second over the same window (the Poisson draw)
     p50_ms: float
     p99_ms: float
     p999_ms: float
@@ -50,6 +52,7 @@ class RunResult:
     gen_cpu_frac: float         # generator CPU / wall: near 1.0 means the generator is the limit
     elapsed_s: float
     extra: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] | None = field(default=None, repr=False)
 
     @property
     def error_count(self) -> int:
@@ -63,12 +66,18 @@ class RunResult:
     def exactly_once(self) -> bool:
         return self.errors.get(MISSING, 0) == 0 and self.duplicates == 0 and self.unexpected == 0
 
+    @property
+    def keeps_up(self) -> bool:
+        """False when replies fall behind sends: a backlog was growing, so the rate is not sustainable."""
+        return self.achieved_rps >= KEEP_UP * self.sent_rps
+
     def passes(self, slo_ms: float, max_error_rate: float = 0.001) -> bool:
-        return self.measured > 0 and self.p99_ms <= slo_ms and self.error_rate < max_error_rate
+        return self.measured > 0 and self.p99_ms <= slo_ms and self.error_rate < max_error_rate and self.keeps_up
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(error_rate=self.error_rate, exactly_once=self.exactly_once)
+        d.pop("raw", None)
+        d.update(error_rate=self.error_rate, exactly_once=self.exactly_once, keeps_up=self.keeps_up)
         return d
 
 
@@ -95,7 +104,7 @@ def encode_all(n: int, model: str, inputs: list[Any], deadline_ms: float | None,
 
 def run(endpoint: str, model: str, rate: float, duration_s: float, *, inputs: list[Any] | None = None,
         deadline_ms: float | None = None, tags: tuple[str, ...] = (), warmup_s: float = 0.5,
-        drain_s: float = 5.0, seed: int = 1, context: zmq.Context | None = None) -> RunResult:
+        drain_s: float = 5.0, seed: int = 1, context: zmq.Context | None = None, raw: bool = False) -> RunResult:
     """One open-loop run at `rate` requests/s for `duration_s`; then wait up to `drain_s` for stragglers."""
     offsets = schedule(rate, duration_s, seed)
     n = len(offsets)
@@ -183,6 +192,9 @@ def run(endpoint: str, model: str, rate: float, duration_s: float, *, inputs: li
     result = summarise(rate, duration_s, warmup_s, offsets, done_at - t0, ok, batch, sent_lag, errors,
                        duplicates, unexpected, simulated, cpu, elapsed)
     result.extra["breakdown_ms"] = breakdown(offsets, done_at - t0, ok, parts, min(warmup_s, duration_s / 4))
+    if raw:  # per request, for diagnosis (not serialised): scheduled and reply times (s), lag, daemon timings
+        result.raw = {"offsets": offsets, "done": done_at - t0, "ok": ok, "sent_lag": sent_lag, "parts_us": parts,
+                      "batch": batch}
     return result
 
 
@@ -204,15 +216,17 @@ def breakdown(offsets, done, ok, parts, warmup_s) -> dict[str, dict[str, float]]
 def summarise(rate, duration_s, warmup_s, offsets, done, ok, batch, sent_lag, errors, duplicates, unexpected,
               simulated, cpu_s, elapsed) -> RunResult:
     n = len(offsets)
-    steady = offsets >= min(warmup_s, duration_s / 4)
+    start = min(warmup_s, duration_s / 4)
+    span = duration_s - start
+    steady = offsets >= start
     lat = (done - offsets)[ok & steady] * 1000.0
     q = (lambda p: round(float(np.percentile(lat, p)), 3)) if len(lat) else (lambda p: float("inf"))
-    window = (done >= offsets[steady][0] if steady.any() else done >= 0) & (done <= duration_s) & ok
-    span = duration_s - min(warmup_s, duration_s / 4)
+    window = (done >= start) & (done <= duration_s) & ok   # NaN (no reply) compares False
     return RunResult(
         rate=rate, duration_s=duration_s, sent=n, ok=int(ok.sum()), errors=dict(sorted(errors.items())),
         duplicates=duplicates, unexpected=unexpected,
         achieved_rps=round(float(window.sum()) / span, 1) if span > 0 else 0.0,
+        sent_rps=round(float(((offsets >= start) & (offsets <= duration_s)).sum()) / span, 1) if span > 0 else 0.0,
         p50_ms=q(50), p99_ms=q(99), p999_ms=q(99.9), max_ms=round(float(lat.max()), 3) if len(lat) else float("inf"),
         mean_ms=round(float(lat.mean()), 3) if len(lat) else float("inf"), measured=int(len(lat)),
         mean_batch=round(float(batch[ok].mean()), 2) if ok.any() else 0.0, simulated=simulated,

@@ -90,13 +90,14 @@ def render(doc: dict[str, Any]) -> str:
                          f"{_fmt(c['workers_us_per_req'])} | {_fmt(c['daemon_cores'])} |")
     lines += ["", "Every trial of the goodput searches:", "",
               "| scenario | offered req/s | achieved ok/s | p50 ms | p99 ms | errors | mean batch | daemon µs/req | "
-              "other load (cores) | pass |", "|---|---|---|---|---|---|---|---|---|---|"]
+              "daemon RSS growth KB/1k req | other load (cores) | pass |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in doc["scenarios"]:
         for t in s.get("trials", []):
             r, c = t["result"], t["cpu"]
             lines.append(f"| {s['name']} | {t['rate']:,.1f} | {r['achieved_rps']:,.1f} | {_fmt(r['p50_ms'], '.2f')} | "
                          f"{_fmt(r['p99_ms'], '.2f')} | {sum(r['errors'].values())} | {r['mean_batch']:.1f} | "
-                         f"{_fmt(c['daemon_us_per_req'])} | {_fmt(c.get('other_cores'))} | "
+                         f"{_fmt(c['daemon_us_per_req'])} | {_fmt(c.get('daemon_rss_growth_kb_per_1k_req'))} | "
+                         f"{_fmt(c.get('other_cores'))} | "
                          f"{'PASS' if t['pass'] else 'fail'} |")
     summ = doc.get("summary", {})
     if summ.get("ratios"):

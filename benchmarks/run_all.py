@@ -30,12 +30,15 @@ from benchmarks.harness import RunningDaemon, cpu_delta, machine_busy_s, wait_fo
 from benchmarks.scenarios import Scenario, all_scenarios
 
 RESULTS = Path(__file__).resolve().parent / "results"
+NOISY_CORES = 0.25   # a failed run during which other processes used more than this is run once more
+MIN_REQUESTS = 1000   # low-rate runs last longer (up to 3x) so that p99 rests on enough samples
 
 
 def measure_once(d: RunningDaemon, sc: Scenario, rate: float, duration_s: float, seed: int,
                  quiet_wait_s: float = 0.0) -> tuple[loadgen.RunResult, dict[str, Any]]:
     """One open-loop run with CPU accounting around it (after waiting for a quiet machine)."""
     background = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else None
+    duration_s = min(max(duration_s, MIN_REQUESTS / rate), 3 * duration_s)
     deadline_s = sc.channel.get("deadline_ms", 1000.0) / 1000
     st0 = d.status()["channels"]["bench"]
     busy0, c0 = machine_busy_s(), d.cpu()
@@ -65,7 +68,14 @@ def run_scenario(sc: Scenario, duration_s: float, quick: bool, quiet_wait_s: flo
     with RunningDaemon(sc.name, sc.models, sc.channel, cpu_threads=sc.cpu_threads) as d:
         log(f"   daemon pid {d.pid} serving after {time.monotonic() - t_start:.1f} s: {' '.join(d.command)}")
         loadgen.run(d.endpoint, sc.model, max(10.0, sc.start / 4), 1.0, inputs=sc.inputs, seed=999)  # warm-up
-        measure = lambda rate: measure_once(d, sc, rate, duration_s, next(seeds), quiet_wait_s)  # noqa: E731
+        def measure(rate: float) -> tuple[loadgen.RunResult, dict[str, Any]]:
+            r, extra = measure_once(d, sc, rate, duration_s, next(seeds), quiet_wait_s)
+            if not r.passes(sc.slo_ms) and (extra["other_cores"] or 0) > NOISY_CORES and quiet_wait_s > 0:
+                log(f"    ({rate:g} req/s failed while other processes used {extra['other_cores']} cores: run again)")
+                first = {"result": r.to_dict(), "cpu": extra}
+                r, extra = measure_once(d, sc, rate, duration_s, next(seeds), quiet_wait_s)
+                extra["discarded_noisy_run"] = first
+            return r, extra
         search = find_goodput(measure, slo_ms=sc.slo_ms,
                               start=sc.start, factor=sc.factor, probes=sc.probes,
                               refine=max(1, sc.refine - 1) if quick else sc.refine, ceiling=sc.ceiling, log=log)
@@ -108,7 +118,8 @@ def environment() -> dict[str, Any]:
         pass
     return {"cores": os.cpu_count(), "cpu": cpu_model, "python": platform.python_version(),
             "kernel": platform.release(), "commit": git("rev-parse", "--short", "HEAD"),
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+            # daemon sources changed since the commit (edits to the benchmarks and docs themselves don't count)
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!benchmarks", ":!docs")),
             "loadavg_before": os.getloadavg()}
 
 
