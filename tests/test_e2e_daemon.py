@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -62,6 +63,9 @@ def test_routing_sends_urgent_to_realtime(sim_daemon):
     ([msgspec.msgpack.encode({"id": 5, "model": "sim", "text": "a", "v": 99})], P.BAD_REQUEST),
     ([msgspec.msgpack.encode({"id": 6, "model": "nope", "text": "a"})], P.UNKNOWN_MODEL),
     ([msgspec.msgpack.encode({"id": 7, "model": "sim", "text": "a" * (2 << 20)})], P.BAD_REQUEST),  # oversized
+    ([msgspec.msgpack.encode({"id": 8, "model": "sim", "text": "a", "deadline_ms": float("inf")})], P.BAD_REQUEST),
+    ([msgspec.msgpack.encode({"id": 9, "model": "sim", "tokens": -3,
+                              "tensor": {"dtype": "uint8", "shape": [1], "frame": 0}}), b"\x01"], P.BAD_REQUEST),
 ])
 def test_bad_input_gets_an_error_reply_and_the_daemon_keeps_serving(sim_daemon, frames, code):
     reply = raw_exchange(sim_daemon.endpoint, frames)
@@ -286,3 +290,49 @@ def test_out_of_memory_splits_the_batch_answers_everyone_and_lowers_the_limit(tm
         assert daemon.status()["channels"]["standard"]["max_batch"] < 16
     finally:
         daemon.stop()
+
+
+def test_a_stop_during_start_up_exits_cleanly_without_serving(tmp_path):
+    (tmp_path / "slowmodel.py").write_text(
+        "import time\n"
+        "time.sleep(120)  # a model that takes long to load\n"
+        "def fn(inputs):\n    return inputs\n")
+    endpoint, control = f"ipc://{tmp_path}/req.sock", f"ipc://{tmp_path}/ctl.sock"
+    config = tmp_path / "c.toml"
+    config.write_text(f"""
+[daemon]
+listen = "{endpoint}"
+control = "{control}"
+[devices]
+use = ["cpu"]
+[models.slow]
+runner = "callable"
+options = {{ target = "slowmodel:fn" }}
+[channels.standard]
+max_batch = 4
+window_ms = 1
+[routing]
+default = "standard"
+""")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "dynbatchd", "start", "--config", str(config)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        state = None
+        while state != "starting":
+            assert time.monotonic() < deadline and proc.poll() is None
+            try:
+                state = sim_ping(control)
+            except Exception:
+                pass
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        proc.kill()
+
+
+def sim_ping(control: str) -> str:
+    from dynbatchd.client import control_call
+
+    return control_call(control, "ping", timeout_s=1)["state"]

@@ -1,0 +1,48 @@
+"""Device slots: when a new batch may be cut, and which device takes it (pure, exact times)."""
+
+from __future__ import annotations
+
+from dynbatchd.devices.pool import detect_devices
+from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_opening_ns, open_slots, pick_device
+
+MS = 1_000_000
+LEAD = 1 * MS
+
+
+def test_an_idle_device_opens_one_slot_at_a_time():
+    assert open_slots([DeviceView(0, 0)], 5 * MS, inflight=2, lead_ns=LEAD) == (1, 0)
+
+
+def test_a_busy_device_queues_the_next_batch_only_just_before_it_frees():
+    busy = [DeviceView(1, 20 * MS)]
+    assert open_slots(busy, 10 * MS, 2, LEAD) == (0, 0)
+    assert next_opening_ns(busy, 10 * MS, 2, LEAD) == 19 * MS
+    assert open_slots(busy, 19 * MS, 2, LEAD) == (1, 1 * MS)   # may cut now; it can start in 1 ms
+
+
+def test_a_full_or_unusable_device_takes_nothing():
+    assert open_slots([DeviceView(2, 0), DeviceView(0, 0, usable=False)], 0, 2, LEAD) == (0, 0)
+    assert pick_device([DeviceView(2, 0), DeviceView(0, 0, usable=False)], 0, 2, LEAD) is None
+    assert next_opening_ns([DeviceView(2, 30 * MS)], 0, 2, LEAD) is None
+
+
+def test_the_batch_goes_to_the_device_that_can_start_it_soonest():
+    devices = [DeviceView(1, 18 * MS), DeviceView(1, 10 * MS), DeviceView(0, 0)]
+    assert pick_device(devices, 9 * MS, 2, LEAD) == 2            # the idle one
+    devices[2] = DeviceView(2, 40 * MS)
+    assert pick_device(devices, 9 * MS, 2, LEAD) == 1            # device 1 frees at 10 ms, device 0 at 18
+    assert pick_device(devices, 17 * MS, 2, LEAD) == 1
+
+
+def test_held_batches_run_in_the_order_sent():
+    held = [("a", 0), ("b", 2 * MS)]
+    assert estimated_free_at(held, {"a": 10 * MS, "b": 5 * MS}.get) == 15 * MS
+    assert estimated_free_at([("a", 30 * MS)], {"a": 10 * MS}.get) == 40 * MS
+
+
+def test_auto_devices_follow_cuda_visible_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert detect_devices("auto") == ["cuda:0", "cuda:1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert detect_devices("auto") == ["cpu"]
+    assert detect_devices(["cpu", "cuda:1"]) == ["cpu", "cuda:1"]
