@@ -122,6 +122,9 @@ def _errors(s: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = argv if argv is not None else sys.argv[1:]
+    if args and args[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
     path = Path(args[0]) if args else Path(__file__).resolve().parent / "results" / "latest.json"
     doc = json.loads(path.read_text())
     print(render(doc))
