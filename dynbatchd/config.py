@@ -55,6 +55,7 @@ class DeviceSettings(Frozen, kw_only=True):
     cpu_threads: NonNegative = 0
     memory_gb: Annotated[float, Meta(ge=0)] = 0.0
     restart_limit: NonNegative = 5
+    batch_timeout_s: Annotated[float, Meta(ge=0)] = 120.0
 
 
 class ModelSettings(Frozen, kw_only=True):

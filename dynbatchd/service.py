@@ -100,7 +100,7 @@ class Daemon:
         metrics = await serve_metrics(self.config.daemon.metrics_listen, self.status) \
             if self.config.daemon.metrics_listen else None
         observer = asyncio.ensure_future(observe_devices(self.pool, self.scheduler.channels, self.clock,
-                                                         self._schedule_pump))
+                                                         self._schedule_pump, self.config.devices.batch_timeout_s))
         self.state = "serving"
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.daemon.listen}\nMAINPID={os.getpid()}")
         log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
@@ -259,6 +259,13 @@ class Daemon:
             self.scheduler.out_of_memory(batch)
         stats = self.scheduler.channels[batch.channel].stats
         n = len(batch.items)
+        problem = result_problem(result, frames, n)
+        if problem:
+            log.error("worker %s answered batch %d badly: %s", worker.name, batch.id, problem)
+            for item in batch.items:
+                self._fail(item, P.MODEL_ERROR, f"the model's worker answered badly: {problem}")
+            self._pump()
+            return
         compute_us = result.compute_ns // 1000
         out, row = result.output, 0
         if out is not None:
@@ -390,6 +397,17 @@ def _keep(old: Config, new: Config) -> Config:
     import msgspec
 
     return msgspec.structs.replace(new, daemon=old.daemon, devices=old.devices, models=old.models, cache=old.cache)
+
+
+def result_problem(result: P.BatchResult, frames: list[bytes], n: int) -> str | None:
+    """Why a worker's answer cannot be split into `n` replies, or None."""
+    if result.output is not None:
+        if not result.output.shape or result.output.shape[0] != n:
+            return f"output shape {result.output.shape} for a batch of {n}"
+        return P.check_tensor(result.output, [len(f) for f in frames])
+    if result.values is None or len(result.values) != n:
+        return f"{0 if result.values is None else len(result.values)} outputs for a batch of {n}"
+    return None
 
 
 def encode_batch(batch: Batch) -> list[Any]:

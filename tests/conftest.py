@@ -44,7 +44,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_extra: str = "") -> RunningDaemon:
+def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_extra: str = "",
+                 devices_extra: str = "") -> RunningDaemon:
     """Write a config (endpoints in `tmp`) plus `body`, start dynbatchd, wait until it serves."""
     endpoint, control = f"ipc://{tmp}/req.sock", f"ipc://{tmp}/ctl.sock"
     config = tmp / "dynbatchd.toml"
@@ -57,6 +58,7 @@ def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_ext
         [devices]
         use = ["cpu"]
         cpu_threads = 2
+        {devices_extra}
     """) + textwrap.dedent(body))
     log = tmp / "daemon.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parent)}

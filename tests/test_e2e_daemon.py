@@ -336,3 +336,15 @@ def sim_ping(control: str) -> str:
     from dynbatchd.client import control_call
 
     return control_call(control, "ping", timeout_s=1)["state"]
+
+
+def test_a_hung_worker_is_replaced_and_the_hanging_request_answered(tmp_path):
+    daemon = start_daemon(tmp_path, SIMULATED, devices_extra="batch_timeout_s = 1.0")
+    try:
+        with Client(daemon.endpoint) as client:
+            with pytest.raises(ModelError, match="died"):
+                client.infer("echo", "hang", deadline_ms=60_000, timeout=60)
+            assert client.infer("echo", "fine", deadline_ms=60_000, timeout=60) == "fine"
+        assert daemon.status()["devices"][0]["restarts"] >= 2
+    finally:
+        daemon.stop()

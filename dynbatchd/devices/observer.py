@@ -1,7 +1,9 @@
 """Feed batch-size policies what the devices are doing, once a second.
 
 Utilisation and memory use come from NVML on GPUs; on the CPU, utilisation
-is the worker's measured busy fraction and memory is not reported (0).
+is the worker's measured busy fraction and memory is not reported (0). The
+same beat replaces a worker that has held a batch too long (hung in a model,
+or answering with messages the daemon cannot read).
 """
 
 from __future__ import annotations
@@ -15,13 +17,16 @@ from dynbatchd.telemetry import NvmlProbe
 
 
 async def observe_devices(pool: DevicePool, channels: dict[str, Channel], clock: Callable[[], int],
-                          after: Callable[[], None], every_s: float = 1.0) -> None:
-    """Forever: every `every_s`, tell each channel's sizer (utilisation, memory, queue length), then `after()`."""
+                          after: Callable[[], None], hung_after_s: float, every_s: float = 1.0) -> None:
+    """Forever: every `every_s`, replace workers stuck on a batch for `hung_after_s`, tell each
+    channel's sizer (utilisation, memory, queue length), then `after()`."""
     probe = NvmlProbe()
     last = {w.name: (w.stats.busy_ns, clock()) for w in pool.workers.values()}
     while True:
         await asyncio.sleep(every_s)
         now = clock()
+        if hung_after_s > 0:
+            pool.replace_hung(now, int(hung_after_s * 1e9))
         utils, mems = [], []
         for worker in pool.workers.values():
             busy0, t0 = last.get(worker.name, (worker.stats.busy_ns, now))

@@ -217,6 +217,7 @@ class DevicePool:
             try:
                 msg = P.worker_decoder.decode(frames[1])
             except Exception:
+                # The batch it answered is unknown: the hung-batch watchdog will replace the worker.
                 log.error("undecodable message from worker %s", worker.name)
                 continue
             if isinstance(msg, P.BatchResult):
@@ -236,6 +237,18 @@ class DevicePool:
                 worker.stats.state = "failed"
                 log.error("worker %s failed to start: %s", worker.name, msg.message)
                 self._check_all_ready()
+
+    def replace_hung(self, now_ns: int, timeout_ns: int) -> list[str]:
+        """Kill workers that have held a batch longer than `timeout_ns`; supervision then
+        restarts them and hands their batches back, as after any death."""
+        hung = []
+        for worker in self.workers.values():
+            oldest = min((sent for _, sent in worker.inflight.values()), default=None)
+            if oldest is not None and now_ns - oldest > timeout_ns and worker.proc and worker.proc.returncode is None:
+                log.error("worker %s has held a batch for %.1f s; killing it", worker.name, (now_ns - oldest) / 1e9)
+                worker.proc.kill()
+                hung.append(worker.name)
+        return hung
 
     def _check_all_ready(self) -> None:
         if all(w.ready or w.failure for w in self.workers.values()):
