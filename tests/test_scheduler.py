@@ -265,3 +265,12 @@ def test_no_window_policy_may_wait_longer_than_the_channels_window_ms():
     s.channels["c"].window = GreedyWindow()
     submit_all(s, [item("c", 0)])
     assert s.next_wakeup(0, free_slots=1) == 150 * MS
+
+
+def test_dispatched_requests_are_not_kept_when_batches_close_by_size():
+    s = make(c=ChannelSettings(max_batch=1, window_ms=100))
+    for t in range(1000):
+        s.submit(item("c", t), t * MS)
+        assert len(s.poll(t * MS, free_slots=1).batches) == 1
+    [lane] = s.channels["c"].lanes.values()
+    assert len(lane.arrivals) == 0    # nothing holds on to answered requests (and their payloads)

@@ -73,13 +73,17 @@ class Lane:
         item.queued = False
         return item
 
-    @property
-    def opened_ns(self) -> int:
-        """Arrival of the oldest waiting item: where its batch's window starts (amortised O(1))."""
+    def prune(self) -> None:
+        """Forget taken items at the old end of `arrivals` (they would otherwise pile up)."""
         arrivals = self.arrivals
         while arrivals and not arrivals[0].queued:
             arrivals.popleft()
-        return arrivals[0].arrival_ns if arrivals else NEVER
+
+    @property
+    def opened_ns(self) -> int:
+        """Arrival of the oldest waiting item: where its batch's window starts (amortised O(1))."""
+        self.prune()
+        return self.arrivals[0].arrival_ns if self.arrivals else NEVER
 
     def head_deadline(self) -> int:
         return self.heap[0][0] if self.heap else NEVER
@@ -135,6 +139,7 @@ class Channel:
                 out.append(lane.pop())
                 self.depth -= 1
                 self.stats.expired += 1
+            lane.prune()
 
     def lane_state(self, lane: Lane, free_slots: int, busy_ns: int = 0) -> LaneState:
         return LaneState(len(lane), lane.tokens, self.sizer.max_batch(), lane.opened_ns,
@@ -168,6 +173,7 @@ class Channel:
                 break   # a request whose worker died under it runs alone: one poison input kills only itself
             items.append(lane.pop())
             tokens += nxt.tokens
+        lane.prune()
         self.depth -= len(items)
         self.dispatched_items += len(items)
         stats = self.stats
