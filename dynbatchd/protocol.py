@@ -59,7 +59,8 @@ class ErrorInfo(msgspec.Struct, gc=False):
 
 
 class Timing(msgspec.Struct, omit_defaults=True, gc=False):
-    """Where the request's time went, in microseconds."""
+    """Where the request's time went, in microseconds: queue_us is everything but
+    compute_us (waiting in its channel, for its batch, and behind the batch ahead)."""
     queue_us: int = 0
     compute_us: int = 0
     total_us: int = 0

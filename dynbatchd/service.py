@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
 import signal
 import tempfile
 import itertools
@@ -30,6 +31,7 @@ from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.metrics import serve as serve_metrics
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import Batch, Item, Scheduler, build_channels
+from dynbatchd.scheduler.slots import next_opening_ns, open_slots
 from dynbatchd.transport import FrontEnd
 from dynbatchd.validation import validate_config
 from dynbatchd.warmup import WarmupFeeder, estimate_tokens
@@ -149,10 +151,7 @@ class Daemon:
             if part is not None:
                 part.io.stop()
                 part.io.sock.close(linger=2000)
-        try:
-            os.rmdir(ipc_dir)
-        except OSError:
-            pass
+        shutil.rmtree(ipc_dir, ignore_errors=True)
 
     # -- admission ----------------------------------------------------------
     def on_request(self, envelope: list[bytes], request: P.Request, frames: list[bytes]) -> None:
@@ -215,23 +214,24 @@ class Daemon:
         now = self.clock()
         if self.warmup_feeder.backlog:
             self.warmup_feeder.feed(self.config.cache.warmup_channel or self.config.routing.default, now)
+        pool, lead, inflight = self.pool, self.pool.queue_lead_ns, self.pool.inflight_limit
+        views = pool.views(now, self._estimate)   # one snapshot; dispatch keeps it current
         while True:   # each dispatch may open the device's next slot: ask again until none opens
-            free, busy = self.pool.open_slots(now, self._estimate)
+            free, busy = open_slots(views, now, inflight, lead)
             decision = self.scheduler.poll(now, free, busy)
             for item in decision.expired:
                 self._fail(item, P.DEADLINE_EXCEEDED, "deadline passed before the request could run")
             sent = 0
             for batch in decision.batches:
-                if self.pool.dispatch(batch, encode_batch(batch), now, self._estimate):
+                if pool.dispatch(batch, encode_batch(batch), now, views, self._estimate):
                     sent += 1
                 else:
                     self.scheduler.requeue(batch.items)   # a retried request waits for an idle worker
             if not sent:
                 break
-        free, busy = self.pool.open_slots(now, self._estimate)
         wake = self.scheduler.next_wakeup(now, free, busy)
         if self.scheduler.depth():   # a queued slot opening soon is worth waking for
-            opening = self.pool.next_opening_ns(now, self._estimate)
+            opening = next_opening_ns(views, now, inflight, lead)
             if opening is not None:
                 wake = opening if wake is None else min(wake, opening)
         self._arm(wake, now)
@@ -285,8 +285,9 @@ class Daemon:
                           bytes(data) if data is not None else None)
             if envelope is None:  # a warmup input: it only fills the cache
                 continue
-            timing = P.Timing((batch.formed_ns - item.arrival_ns) // 1000, compute_us,
-                              (now - item.arrival_ns) // 1000, n, batch.channel, worker.device, result.simulated)
+            total_us = (now - item.arrival_ns) // 1000   # queue: all of it but compute (hand-over included)
+            timing = P.Timing(max(0, total_us - compute_us), compute_us, total_us, n, batch.channel,
+                              worker.device, result.simulated)
             if out is not None:
                 self.front.reply(envelope, P.Reply(request.id, True, tensor=item_ref, timing=timing), (data,))
             else:

@@ -274,3 +274,29 @@ def test_dispatched_requests_are_not_kept_when_batches_close_by_size():
         assert len(s.poll(t * MS, free_slots=1).batches) == 1
     [lane] = s.channels["c"].lanes.values()
     assert len(lane.arrivals) == 0    # nothing holds on to answered requests (and their payloads)
+
+
+def test_a_backlogged_channel_answers_overloaded_at_once_what_it_cannot_serve_in_time():
+    # The device drains one batch of 10 every 100 ms (100/s); requests arrive every 3 ms (333/s)
+    # and may wait 200 ms.
+    s = make(c=ChannelSettings(max_batch=10, window_ms=0, deadline_ms=200, queue_limit=10_000))
+    rejected = 0
+    for ms in range(3000):
+        now = ms * MS
+        if ms % 3 == 0 and not s.submit(item("c", ms, deadline_ms=200), now):
+            rejected += 1
+        if ms % 100 == 0:
+            s.poll(now, free_slots=1)
+    # About 1000 offered, about 300 served: once the backlog has lasted a second, most of the
+    # excess is refused on arrival instead of waiting to expire.
+    assert rejected >= 400
+    assert s.channels["c"].depth <= 25      # what is still queued can be served within 200 ms
+
+
+def test_a_burst_into_an_idle_channel_is_not_refused():
+    s = make(c=ChannelSettings(max_batch=10, window_ms=0, deadline_ms=200, queue_limit=10_000))
+    for t in range(20):                 # a quiet start: a few requests, each dispatched at once
+        s.submit(item("c", t * 100), t * 100 * MS)
+        s.poll(t * 100 * MS, free_slots=1)
+    now = 2000 * MS
+    assert all(s.submit(item("c", 2000, deadline_ms=200), now) for _ in range(500))

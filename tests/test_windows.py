@@ -308,7 +308,8 @@ def simulate(arrivals: list[int], max_batch: int, window_ms: float, policy: str 
                 continue                                   # superseded by an earlier timer
             armed = None
         elif kind == 1:
-            sched.submit(Item(seq, "m", now, now + int(deadline_ms * MS), channel="c"), now)
+            if not sched.submit(Item(seq, "m", now, now + int(deadline_ms * MS), channel="c"), now):
+                done.append((now, None))                   # answered overloaded at once
         elif kind == 0:
             busy = False
             sched.completed(batch, BASE_NS + PER_ITEM_NS * len(batch.items), now)

@@ -24,7 +24,7 @@ import zmq
 
 from dynbatchd import protocol as P
 from dynbatchd.scheduler import Batch
-from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_opening_ns, open_slots, pick_device
+from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, pick_device
 from dynbatchd.telemetry import DeviceStats
 from dynbatchd.transport import LoopSocket
 
@@ -169,42 +169,38 @@ class DevicePool:
         return [DeviceView(len(w.inflight), estimated_free_at(w.inflight.values(), estimate),
                            w.ready and not w.exclusive) for w in self.workers.values()]
 
-    def open_slots(self, now_ns: int, estimate: Callable[[Batch], int]) -> tuple[int, int]:
-        """(slots a new batch may take now, ns until the soonest of them could start it)."""
-        return open_slots(self.views(now_ns, estimate), now_ns, self.inflight_limit, self.queue_lead_ns)
-
-    def next_opening_ns(self, now_ns: int, estimate: Callable[[Batch], int]) -> int | None:
-        return next_opening_ns(self.views(now_ns, estimate), now_ns, self.inflight_limit, self.queue_lead_ns)
-
     def inflight(self) -> int:
         return sum(len(w.inflight) for w in self.workers.values())
 
-    def dispatch(self, batch: Batch, frames: list[Any], now_ns: int, estimate: Callable[[Batch], int]) -> bool:
-        """Send an encoded batch to the worker that can start it soonest.
+    def dispatch(self, batch: Batch, frames: list[Any], now_ns: int, views: list[DeviceView],
+                 estimate: Callable[[Batch], int]) -> bool:
+        """Send an encoded batch to the worker that can start it soonest; `views` (from
+        `views()`) is updated in place, so one snapshot serves a whole scheduling pass.
 
         A batch of a request that was running when a worker died goes only to an
         idle worker and runs there alone: if it kills that worker too, it is
         certainly the cause. Returns False when no worker can take it now.
         """
         exclusive = any(item.retries for item in batch.items)
-        views = self.views(now_ns, estimate)
-        if exclusive:
-            views = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0) for v in views]
-        index = pick_device(views, now_ns, self.inflight_limit, self.queue_lead_ns)
+        choose = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0) for v in views] if exclusive else views
+        index = pick_device(choose, now_ns, self.inflight_limit, self.queue_lead_ns)
         if index is None:
             return False
         worker = list(self.workers.values())[index]
         worker.inflight[batch.id] = (batch, now_ns)
         worker.exclusive = exclusive
         worker.stats.inflight = len(worker.inflight)
+        view = views[index]
+        views[index] = DeviceView(view.held + 1, max(view.free_at_ns, now_ns) + estimate(batch),
+                                  view.usable and not exclusive)
         try:
             self.io.sock.send_multipart([worker.name.encode(), *frames], copy=False)
         except zmq.ZMQError:  # the worker vanished between its last message and now
             del worker.inflight[batch.id]
             worker.exclusive = False
             worker.stats.inflight = len(worker.inflight)
+            views[index] = DeviceView(view.held, view.free_at_ns, False)
             self.on_lost(worker, [], [batch])
-            return True
         self.io.kick()
         return True
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable
@@ -99,7 +100,27 @@ class Channel:
         self.depth = 0
         self.stats = ChannelStats()
         self.cost = CostModel()
-        self.dispatched_items = 0   # lifetime, for minimum-share accounting
+        self.dispatched_items = 0
+        self._rate = 0.0                # dispatched requests per ns, exponentially decayed
+        self._rate_at = 0
+        self._backlogged_since: int | None = None   # every batch cut since then was full
+
+    RATE_TAU_NS = 1_000_000_000   # the drain rate follows the last ~second
+
+    def drain_rate(self, now_ns: int) -> float:
+        """Requests dispatched per ns, recently."""
+        return self._rate * math.exp(-(now_ns - self._rate_at) / self.RATE_TAU_NS)
+
+    def _hopeless(self, item: Item, now_ns: int) -> bool:
+        """Admission control: once the channel has been backlogged for a while, its drain rate
+        is its service rate; a request that the queue ahead cannot clear before its deadline is
+        better answered `overloaded` now than `deadline_exceeded` later, after holding a place.
+        A fresh burst into an idle channel is never judged on this (its past rate means nothing)."""
+        since = self._backlogged_since
+        if since is None or now_ns - since < self.RATE_TAU_NS or self.settings.run_late:
+            return False
+        rate = self.drain_rate(now_ns)
+        return rate > 0 and self.depth / rate > item.deadline_ns - now_ns
 
     def lane_for(self, item: Item) -> Lane:
         """The lane of `item`: its model, its tenant in an isolated channel, its length bucket."""
@@ -113,10 +134,13 @@ class Channel:
         return lane
 
     def offer(self, item: Item, now_ns: int) -> bool:
-        """Queue `item`; False when the channel is full (the caller answers `overloaded`)."""
-        if self.depth >= self.settings.queue_limit:
+        """Queue `item`; False when the caller should answer `overloaded` at once: the queue
+        is full, or it has been backlogged long enough to know it cannot drain in time."""
+        if self.depth >= self.settings.queue_limit or self._hopeless(item, now_ns):
             self.stats.overloaded += 1
             return False
+        if self.depth >= self.sizer.max_batch() and self._backlogged_since is None:
+            self._backlogged_since = now_ns
         self.lane_for(item).push(item)
         self.depth += 1
         self.stats.accepted += 1
@@ -176,6 +200,10 @@ class Channel:
         lane.prune()
         self.depth -= len(items)
         self.dispatched_items += len(items)
+        self._rate = self.drain_rate(now_ns) + len(items) / self.RATE_TAU_NS
+        self._rate_at = now_ns
+        if len(items) < limit:   # a batch that could not be filled: the channel is keeping up
+            self._backlogged_since = None
         stats = self.stats
         stats.batches += 1
         stats.batched_items += len(items)
