@@ -14,6 +14,7 @@ from rich.table import Table
 
 from dynbatchd import config as cfgmod
 from dynbatchd.cli.plan import plan
+from dynbatchd.cli.simulate import simulate
 from dynbatchd.client import Client, DynbatchdError, control_call
 
 app = typer.Typer(help="Control and query a running dynbatchd.", no_args_is_help=True, add_completion=False)
@@ -222,6 +223,7 @@ def stop(ctx: typer.Context) -> None:
 
 
 app.command("plan")(plan)
+app.command("simulate")(simulate)
 
 
 def main() -> None:

@@ -1,0 +1,137 @@
+"""`dynbatchctl simulate`: capacity planning with the daemon's own scheduler on simulated devices.
+
+Offline, no daemon needed. Channels, routing and policies come from a config
+file; the devices follow the simulated runner's latency model; the traffic is
+Poisson at a given rate (or a CSV trace). Every figure is SIMULATED.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from dynbatchd import config as cfgmod
+from dynbatchd.plugins import Plugins
+from dynbatchd.simulate import Arrival, DeviceModel, simulate as run_simulation
+
+SECOND = 1_000_000_000
+# The guide's test mix, short:medium:long = 7:2:1, as (weight, low, high) token ranges.
+GUIDE_MIX = ((7, 32, 512), (2, 512, 2048), (1, 2048, 12_000))
+
+
+def poisson_arrivals(rate_rps: float, duration_s: float, seed: int, urgent_share: float,
+                     tokens: int | None) -> list[Arrival]:
+    rng = random.Random(seed)
+    out, t = [], 0.0
+    while True:
+        t += rng.expovariate(rate_rps)
+        if t >= duration_s:
+            return out
+        if tokens is None:
+            _, lo, hi = rng.choices(GUIDE_MIX, weights=[w for w, _, _ in GUIDE_MIX])[0]
+            n = rng.randint(lo, hi)
+        else:
+            n = tokens
+        tags = ("urgent",) if rng.random() < urgent_share else ()
+        out.append(Arrival(int(t * SECOND), n, tags=tags))
+
+
+def trace_arrivals(path: Path, compress: float) -> list[Arrival]:
+    """A CSV with TIMESTAMP and ContextTokens columns (the Azure LLM trace format), sped up ×compress."""
+    with path.open(newline="") as f:
+        rows = []
+        for row in csv.DictReader(f):
+            stamp, _, frac = row["TIMESTAMP"].partition(".")
+            at = datetime.fromisoformat(stamp).timestamp() + (float("0." + frac) if frac else 0.0)
+            rows.append((at, int(row["ContextTokens"])))
+    rows.sort()
+    t0 = rows[0][0] if rows else 0.0
+    return [Arrival(int((at - t0) / compress * SECOND), tokens) for at, tokens in rows]
+
+
+def device_model(cfg: cfgmod.Config, base_ms: float | None, per_item_ms: float | None,
+                 per_token_ms: float | None) -> DeviceModel:
+    """The config's first simulated model's latency model, overridden by the options given."""
+    options: dict[str, Any] = {}
+    for model in cfg.models.values():
+        if model.runner == "simulated":
+            options = dict(model.options)
+            break
+    for key, value in (("base_ms", base_ms), ("per_item_ms", per_item_ms), ("per_token_ms", per_token_ms)):
+        if value is not None:
+            options[key] = value
+    return DeviceModel.from_options(options)
+
+
+def simulate(config: Optional[Path] = typer.Option(None, "--config", "-c", envvar="DYNBATCHD_CONFIG",
+                                                   help="Config whose channels and routing to simulate "
+                                                        "(default: ./etc/dynbatchd.toml)."),
+             rate: float = typer.Option(500.0, "--rate", min=0.001, help="Offered requests per second (Poisson)."),
+             duration: float = typer.Option(30.0, "--duration", min=0.1, help="Seconds of simulated traffic."),
+             devices: int = typer.Option(1, "--devices", min=1, help="Simulated devices."),
+             base_ms: Optional[float] = typer.Option(None, "--base-ms", min=0.0,
+                                                     help="Per-batch time (default: the config's simulated "
+                                                          "model, else 8)."),
+             per_item_ms: Optional[float] = typer.Option(None, "--per-item-ms", min=0.0,
+                                                         help="Per-request time (default: as above, else 0.5)."),
+             per_token_ms: Optional[float] = typer.Option(None, "--per-token-ms", min=0.0,
+                                                          help="Per-token time (default: as above, else 0)."),
+             tokens: Optional[int] = typer.Option(None, "--tokens", min=0,
+                                                  help="Tokens per request (default: the guide's 7:2:1 mix)."),
+             urgent_share: float = typer.Option(0.1, "--urgent-share", min=0.0, max=1.0,
+                                                help="Fraction of requests tagged urgent."),
+             trace: Optional[Path] = typer.Option(None, "--trace",
+                                                  help="Replay a CSV (TIMESTAMP, ContextTokens) instead of Poisson."),
+             compress: float = typer.Option(1.0, "--compress", min=0.001, help="Speed-up of the --trace times."),
+             seed: int = typer.Option(1, "--seed", help="Random seed (the run is deterministic)."),
+             as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
+    """Simulate the config's channels on simulated devices: goodput, p99 and utilisation (SIMULATED)."""
+    err = Console(stderr=True)
+    path = config or Path("etc/dynbatchd.toml")
+    try:
+        cfg = cfgmod.load(path)
+        arrivals = trace_arrivals(trace, compress) if trace else \
+            poisson_arrivals(rate, duration, seed, urgent_share, tokens)
+    except (cfgmod.ConfigError, OSError, KeyError, ValueError) as exc:
+        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        raise typer.Exit(2)
+    plugins = Plugins.load()
+    model = device_model(cfg, base_ms, per_item_ms, per_token_ms)
+    result = run_simulation(cfg.channels, arrivals, device=model, devices=devices,
+                            inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms,
+                            window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(),
+                            routing=cfg.routing, plugins=plugins)
+    per = result.stats("channel")
+    data = {
+        "simulated": True, "config": str(path), "devices": devices, "device_model": model.options(),
+        "requests": len(arrivals), "utilisation": round(result.utilisation(), 4),
+        "channels": {name: {"offered": g.offered, "completed": g.completed, "on_time": g.on_time_fraction,
+                            "p50_ms": g.p50_ms, "p99_ms": g.p99_ms, "expired": g.expired,
+                            "overloaded": g.overloaded, "mean_batch": result.mean_batch(name)}
+                     for name, g in per.items()},
+    }
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2) + "\n")
+        return
+    out = Console()
+    source = f"trace {trace} ×{compress:g}" if trace else f"Poisson {rate:g} req/s for {duration:g} s"
+    out.print(f"[yellow]SIMULATED[/yellow] {len(arrivals)} requests ({source}) on {devices} simulated "
+              f"device(s): {model.base_ms:g} ms + {model.per_item_ms:g} ms/request + "
+              f"{model.per_token_ms:g} ms/token; channels from {path}", highlight=False)
+    table = Table(title="channels (SIMULATED)")
+    for col in ("channel", "offered", "on time", "p50 ms", "p99 ms", "expired", "overloaded", "mean batch"):
+        table.add_column(col, justify="left" if col == "channel" else "right")
+    for name, c in data["channels"].items():
+        table.add_row(name, str(c["offered"]), f"{100 * c['on_time']:.2f}%", f"{c['p50_ms']:.1f}",
+                      f"{c['p99_ms']:.1f}", str(c["expired"]), str(c["overloaded"]), f"{c['mean_batch']:.1f}")
+    out.print(table)
+    out.print(f"device utilisation {100 * data['utilisation']:.1f}% (SIMULATED)")

@@ -1,0 +1,42 @@
+"""`dynbatchctl simulate`: capacity planning from a config, offline and deterministic."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from dynbatchd.cli.dynbatchctl import app
+
+SHIPPED = str(Path(__file__).resolve().parent.parent / "etc" / "dynbatchd.toml")
+
+
+def run(*args: str) -> dict:
+    result = CliRunner().invoke(app, ["simulate", "--config", SHIPPED, "--json", *args])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_light_load_is_served_on_time_and_every_request_is_accounted_for():
+    data = run("--rate", "200", "--duration", "3")
+    assert data["simulated"] is True
+    assert sum(c["offered"] for c in data["channels"].values()) == data["requests"]
+    assert set(data["channels"]) == {"realtime", "standard", "bulk"}
+    assert all(c["on_time"] == 1.0 for c in data["channels"].values())
+    assert 0 < data["utilisation"] < 0.6
+
+
+def test_overload_is_absorbed_by_the_lower_channels_and_the_run_is_deterministic():
+    data = run("--rate", "3000", "--duration", "3", "--devices", "1")
+    std, rt = data["channels"]["standard"], data["channels"]["realtime"]
+    assert std["expired"] + std["overloaded"] > 0          # more than one device can serve
+    assert rt["on_time"] > std["on_time"]                    # realtime keeps its deadlines better
+    assert data == run("--rate", "3000", "--duration", "3", "--devices", "1")
+
+
+def test_a_bad_config_is_one_line_and_exit_2(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[channels.x]\nmax_batch = 0\nwindow_ms = 1\n")
+    result = CliRunner().invoke(app, ["simulate", "--config", str(bad)])
+    assert result.exit_code == 2 and "max_batch" in result.output
