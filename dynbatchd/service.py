@@ -187,8 +187,10 @@ class Daemon:
         item = Item(self._next_key(), request.model, now, now + int(deadline_ms * 1e6), tokens, request.tenant,
                     (envelope, request, frames), channel)
         if not self.scheduler.submit(item, now):
-            front.reject(envelope, request.id, P.OVERLOADED,
-                         f"channel {channel!r} queue is full ({config.channels[channel].queue_limit})")
+            limit = config.channels[channel].queue_limit
+            why = (f"queue is full ({limit})" if self.scheduler.channels[channel].depth >= limit
+                   else "backlogged: the requests ahead cannot be served before this one's deadline")
+            front.reject(envelope, request.id, P.OVERLOADED, f"channel {channel!r} {why}")
             return
         self._schedule_pump()
 

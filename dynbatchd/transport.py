@@ -18,7 +18,7 @@ from dynbatchd import protocol as P
 
 log = logging.getLogger(__name__)
 
-DRAIN_LIMIT = 512  # messages read per loop turn before yielding to other work
+DRAIN_LIMIT = 128  # messages read per loop turn: small enough that worker results are never kept waiting
 # Plain ints: pyzmq's flag enums cost an Enum construction per frame on the hot path.
 _NOBLOCK = int(zmq.NOBLOCK)
 _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)

@@ -105,7 +105,7 @@ class Channel:
         self._rate_at = 0
         self._backlogged_since: int | None = None   # every batch cut since then was full
 
-    RATE_TAU_NS = 1_000_000_000   # the drain rate follows the last ~second
+    RATE_TAU_NS = 500_000_000   # the drain rate follows the last ~half second
 
     def drain_rate(self, now_ns: int) -> float:
         """Requests dispatched per ns, recently."""
