@@ -11,13 +11,11 @@ A trace is a list of `dynbatchd.simulate.Arrival` plus named phases (spans of ar
 
 from __future__ import annotations
 
-import csv
 import random
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 
-from dynbatchd.simulate import Arrival
+from dynbatchd.simulate import Arrival, read_trace_csv
 
 SECOND = 1_000_000_000
 REPO = Path(__file__).resolve().parent.parent
@@ -119,19 +117,9 @@ def azure_available(path: Path = AZURE_CSV) -> bool:
     return path.is_file()
 
 
-def _parse_ts(text: str) -> float:
-    # "2023-11-16 18:15:46.6805900": seven fractional digits, more than datetime takes
-    head, _, frac = text.partition(".")
-    return datetime.fromisoformat(head).timestamp() + (float("0." + frac) if frac else 0.0)
-
-
 def azure_rows(path: Path = AZURE_CSV) -> list[tuple[float, int]]:
     """(seconds since the first request, ContextTokens) per row, in time order."""
-    with open(path, newline="") as f:
-        rows = [(_parse_ts(r["TIMESTAMP"]), int(r["ContextTokens"])) for r in csv.DictReader(f)]
-    rows.sort()
-    t0 = rows[0][0]
-    return [(t - t0, tokens) for t, tokens in rows]
+    return read_trace_csv(path)
 
 
 def busiest_window(rows: list[tuple[float, int]], seconds: float) -> float:

@@ -31,9 +31,11 @@ hardware: reports label it SIMULATED.
 from __future__ import annotations
 
 import bisect
+import csv
 import heapq
 import math
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -117,6 +119,21 @@ class Arrival:
     request_type: str | None = None
     user_frequency: str | None = None
     priority: int | None = None
+
+
+def read_trace_csv(path: Any) -> list[tuple[float, int]]:
+    """(seconds since the first request, tokens) per row of a CSV with TIMESTAMP and
+    ContextTokens columns (the Azure LLM inference trace format), in time order."""
+    rows = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            # "2023-11-16 18:15:46.6805900": seven fractional digits, more than datetime takes
+            stamp, _, frac = row["TIMESTAMP"].partition(".")
+            at = datetime.fromisoformat(stamp).timestamp() + (float("0." + frac) if frac else 0.0)
+            rows.append((at, int(row["ContextTokens"])))
+    rows.sort()
+    t0 = rows[0][0] if rows else 0.0
+    return [(t - t0, tokens) for t, tokens in rows]
 
 
 def as_arrival(entry: Any) -> Arrival:

@@ -7,11 +7,9 @@ Poisson at a given rate (or a CSV trace). Every figure is SIMULATED.
 
 from __future__ import annotations
 
-import csv
 import json
 import random
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Any, Optional
 
@@ -21,7 +19,7 @@ from rich.table import Table
 
 from dynbatchd import config as cfgmod
 from dynbatchd.plugins import Plugins
-from dynbatchd.simulate import Arrival, DeviceModel, simulate as run_simulation
+from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv, simulate as run_simulation
 
 SECOND = 1_000_000_000
 # The guide's test mix, short:medium:long = 7:2:1, as (weight, low, high) token ranges.
@@ -47,15 +45,7 @@ def poisson_arrivals(rate_rps: float, duration_s: float, seed: int, urgent_share
 
 def trace_arrivals(path: Path, compress: float) -> list[Arrival]:
     """A CSV with TIMESTAMP and ContextTokens columns (the Azure LLM trace format), sped up ×compress."""
-    with path.open(newline="") as f:
-        rows = []
-        for row in csv.DictReader(f):
-            stamp, _, frac = row["TIMESTAMP"].partition(".")
-            at = datetime.fromisoformat(stamp).timestamp() + (float("0." + frac) if frac else 0.0)
-            rows.append((at, int(row["ContextTokens"])))
-    rows.sort()
-    t0 = rows[0][0] if rows else 0.0
-    return [Arrival(int((at - t0) / compress * SECOND), tokens) for at, tokens in rows]
+    return [Arrival(int(at / compress * SECOND), tokens) for at, tokens in read_trace_csv(path)]
 
 
 def device_model(cfg: cfgmod.Config, base_ms: float | None, per_item_ms: float | None,
