@@ -40,3 +40,15 @@ def test_a_bad_config_is_one_line_and_exit_2(tmp_path):
     bad.write_text("[channels.x]\nmax_batch = 0\nwindow_ms = 1\n")
     result = CliRunner().invoke(app, ["simulate", "--config", str(bad)])
     assert result.exit_code == 2 and "max_batch" in result.output
+
+
+def test_a_trace_csv_is_replayed_time_compressed(tmp_path):
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,374,44\n"
+                     "2023-11-16 18:15:50.9951690,9000,109\n"
+                     "2023-11-16 18:15:51.2224670,879,55\n")
+    data = run("--trace", str(trace), "--compress", "10")
+    assert data["requests"] == 3
+    assert data["channels"]["bulk"]["offered"] == 1        # 9,000 tokens routes to bulk
+    assert data["channels"]["standard"]["offered"] == 2
