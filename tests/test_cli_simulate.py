@@ -52,3 +52,35 @@ def test_a_trace_csv_is_replayed_time_compressed(tmp_path):
     assert data["requests"] == 3
     assert data["channels"]["bulk"]["offered"] == 1        # 9,000 tokens routes to bulk
     assert data["channels"]["standard"]["offered"] == 2
+
+
+def test_status_watch_redraws_until_interrupted(monkeypatch):
+    import dynbatchd.cli.dynbatchctl as ctl
+
+    snapshots = iter(range(1, 100))
+
+    def fake_control(ctx, cmd, **args):
+        n = next(snapshots)
+        return {"daemon": {"version": "x", "pid": 1, "state": "serving", "uptime_s": n, "listen": "ipc://s",
+                           "bad_requests": 0},
+                "channels": {"standard": {"queue_depth": n, "batches": n, "mean_batch": 1.0, "max_batch": 8,
+                                          "fill_rate": 0.1, "p50_ms": 1.0, "p99_ms": 2.0,
+                                          "rejected": {"overloaded": 0, "refused": 0}, "deadline_misses": 0,
+                                          "window": {"policy": "pattern", "traffic": "burst", "window_ms": 30.0}}},
+                "devices": [], "cache": None}
+
+    sleeps = []
+
+    def fake_sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(ctl, "_control", fake_control)
+    monkeypatch.setattr(ctl.time, "sleep", fake_sleep)
+    monkeypatch.setattr(ctl, "out", ctl.Console(width=160))
+    result = CliRunner().invoke(app, ["status", "--watch", "0.5"])
+    assert result.exit_code == 0, result.output
+    assert sleeps == [0.5, 0.5, 0.5]
+    assert "up 3 s" in result.output                      # redrawn with the third snapshot
+    assert "pattern:burst 30ms" in result.output and "standard" in result.output

@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Optional
 
 import typer
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from dynbatchd import config as cfgmod
 from dynbatchd.cli.plan import plan
@@ -110,16 +113,12 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-@app.command()
-def status(ctx: typer.Context, as_json: bool = JsonOption) -> None:
-    """Per-channel queues and batching, per-device workers."""
-    data = _control(ctx, "status")
-    if as_json:
-        _emit_json(data)
-        return
+def status_view(data: dict[str, Any]) -> Group:
+    """The status as rich renderables: a header line, the channel and device tables, the cache."""
     d = data["daemon"]
-    out.print(f"[bold]dynbatchd {d['version']}[/bold] pid {d['pid']} [green]{d['state']}[/green] "
-              f"up {d['uptime_s']:.0f} s, {d['listen']}  bad requests {d['bad_requests']}", highlight=False)
+    parts: list[Any] = [Text.assemble((f"dynbatchd {d['version']}", "bold"), f" pid {d['pid']} ",
+                                      (d["state"], "green"),
+                                      f" up {d['uptime_s']:.0f} s, {d['listen']}  bad requests {d['bad_requests']}")]
     table = Table(title="channels")
     for col in ("channel", "queue", "batches", "size", "fill", "p50 ms", "p99 ms", "overload", "refused",
                 "missed", "window"):
@@ -129,7 +128,7 @@ def status(ctx: typer.Context, as_json: bool = JsonOption) -> None:
                       _pct(c["fill_rate"]), f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
                       str(c["rejected"]["overloaded"]), str(c["rejected"]["refused"]),
                       str(c["deadline_misses"]), _window_text(c["window"]))
-    out.print(table)
+    parts.append(table)
     dev = Table(title="devices")
     for col in ("device", "pid", "state", "in flight", "batches", "items", "busy", "restarts"):
         dev.add_column(col, justify="left" if col in ("device", "state") else "right")
@@ -137,11 +136,33 @@ def status(ctx: typer.Context, as_json: bool = JsonOption) -> None:
         name = w["device"] + (" (simulated)" if w["simulated"] else "")
         dev.add_row(name, str(w["pid"]), w["state"], str(w["inflight"]), str(w["batches"]), str(w["items"]),
                     _pct(w["busy_fraction"]), str(w["restarts"]))
-    out.print(dev)
+    parts.append(dev)
     if data.get("cache"):
         c = data["cache"]
-        out.print(f"cache: {c['entries']}/{c['capacity']} entries, hit rate {_pct(c['hit_rate'])}, "
-                  f"warmup backlog {c['warmup_backlog']}", highlight=False)
+        parts.append(Text(f"cache: {c['entries']}/{c['capacity']} entries, hit rate {_pct(c['hit_rate'])}, "
+                          f"warmup backlog {c['warmup_backlog']}"))
+    return Group(*parts)
+
+
+@app.command()
+def status(ctx: typer.Context, as_json: bool = JsonOption,
+           watch: Optional[float] = typer.Option(None, "--watch", "-w", min=0.2,
+                                                 help="Refresh every SECONDS until interrupted.")) -> None:
+    """Per-channel queues and batching, per-device workers."""
+    data = _control(ctx, "status")
+    if as_json:
+        _emit_json(data)
+        return
+    if watch is None:
+        out.print(status_view(data))
+        return
+    with Live(status_view(data), console=out, refresh_per_second=4) as live:
+        try:
+            while True:
+                time.sleep(watch)
+                live.update(status_view(_control(ctx, "status")))
+        except KeyboardInterrupt:
+            pass
 
 
 @app.command()
