@@ -25,7 +25,11 @@ def validate_config(config: Config, plugins: Plugins) -> None:
         key, _, rule = str(exc.args[0]).partition(": ")
         raise ConfigError(config.source, key, rule) from None
     except (TypeError, ValueError) as exc:
-        raise ConfigError(config.source, "channels", f"policy options rejected: {exc}") from None
+        # Policies name the option in their message: "channels.X.window.options.alpha: must be ..."
+        key, sep, rule = str(exc).partition(": ")
+        if not (sep and key.startswith("channels.")):
+            key, rule = "channels", f"policy options rejected: {exc}"
+        raise ConfigError(config.source, key, rule) from None
     violations = plugins.check_config(config)
     if violations:
         v = violations[0]

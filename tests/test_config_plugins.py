@@ -77,6 +77,8 @@ def test_unknown_keys_are_errors(tmp_path, extra, key, rule):
     (BASE + "[daemon]\nlisten = 'localhost:5555'\n", "daemon.listen", "not a ZeroMQ endpoint"),
     (BASE + "[devices]\nuse = ['gpu0']\n", "devices.use[0]", "not a device"),
     (BASE + "[channels.standard.window]\npolicy = 'psychic'\n", "channels.standard.window.policy", "unknown window policy"),
+    (BASE + "[channels.standard.window]\npolicy = 'ewma'\noptions = { alpha = 2.0 }\n",
+     "channels.standard.window.options.alpha", "must be <= 1"),
 ])
 def test_errors_name_the_key_and_the_rule(tmp_path, text, key, rule):
     err = load_error(tmp_path, text)
