@@ -40,8 +40,10 @@ def _esc(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
-def render(status: dict[str, Any]) -> str:
-    """Prometheus text for one status snapshot (the same data `dynbatchctl status --json` shows)."""
+def render(status: dict[str, Any], latency: dict[str, Any] | None = None) -> str:
+    """Prometheus text for one status snapshot (the same data `dynbatchctl status --json` shows),
+    plus each channel's lifetime latency `Histogram` as a Prometheus histogram (`latency`), so
+    dashboards can take quantiles over any window with histogram_quantile()."""
     lines: list[str] = []
 
     def family(name: str, kind: str, help_text: str, samples: list[tuple[str, float]]) -> None:
@@ -56,7 +58,17 @@ def render(status: dict[str, Any]) -> str:
            [(f'channel="{_esc(c)}",reason="{r}"', n) for c, s in channels.items() for r, n in s["rejected"].items()])
     for key, name, help_text in _CHANNEL_GAUGES:
         family(name, "gauge", help_text, [(f'channel="{_esc(c)}"', s[key]) for c, s in channels.items()])
-    family("dynbatchd_latency_seconds", "gauge", "End-to-end latency quantiles since start.",
+    if latency:
+        lines.append("# HELP dynbatchd_request_duration_seconds End-to-end time from acceptance to reply.")
+        lines.append("# TYPE dynbatchd_request_duration_seconds histogram")
+        for c, hist in latency.items():
+            label = f'channel="{_esc(c)}"'
+            for edge_us, count in hist.cumulative():
+                lines.append(f'dynbatchd_request_duration_seconds_bucket{{{label},le="{edge_us / 1e6:.6g}"}} {count}')
+            lines.append(f'dynbatchd_request_duration_seconds_bucket{{{label},le="+Inf"}} {hist.total}')
+            lines.append(f"dynbatchd_request_duration_seconds_sum{{{label}}} {hist.sum_us / 1e6:.6g}")
+            lines.append(f"dynbatchd_request_duration_seconds_count{{{label}}} {hist.total}")
+    family("dynbatchd_latency_seconds", "gauge", "End-to-end latency quantiles over the last 30-60 s.",
            [(f'channel="{_esc(c)}",quantile="{q}"', s[f"{k}_ms"] / 1000)
             for c, s in channels.items() for q, k in (("0.5", "p50"), ("0.99", "p99"), ("0.999", "p999"))])
     traffic = [(c, s["window"].get("traffic")) for c, s in channels.items()]
@@ -73,7 +85,8 @@ def render(status: dict[str, Any]) -> str:
     return "\n".join(line.replace("{}", "") for line in lines) + "\n"
 
 
-async def serve(listen: str, snapshot: Callable[[], dict[str, Any]]) -> asyncio.AbstractServer:
+async def serve(listen: str, page: Callable[[], str]) -> asyncio.AbstractServer:
+    """Serve `page()` (Prometheus text) at GET /metrics on `listen` (HOST:PORT)."""
     host, _, port = listen.rpartition(":")
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -83,7 +96,7 @@ async def serve(listen: str, snapshot: Callable[[], dict[str, Any]]) -> asyncio.
                 pass
             parts = request_line.decode("latin-1").split()
             if len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics":
-                body, head = render(snapshot()).encode(), "200 OK"
+                body, head = page().encode(), "200 OK"
             else:
                 body, head = b"not found: try /metrics\n", "404 Not Found"
             writer.write(f"HTTP/1.1 {head}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"

@@ -28,7 +28,7 @@ from dynbatchd.control.server import ControlServer
 from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, Worker, detect_devices
 from dynbatchd.hookspecs import RequestInfo
-from dynbatchd.metrics import serve as serve_metrics
+from dynbatchd.metrics import render as render_metrics, serve as serve_metrics
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import Batch, Item, Scheduler, build_channels
 from dynbatchd.scheduler.slots import next_opening_ns, open_slots
@@ -99,7 +99,7 @@ class Daemon:
             return 1
         self.front = FrontEnd(ctx, self.config.daemon.listen, self.config.daemon.max_request_bytes, self.on_request)
         self.front.io.start(loop)
-        metrics = await serve_metrics(self.config.daemon.metrics_listen, self.status) \
+        metrics = await serve_metrics(self.config.daemon.metrics_listen, self.metrics_page) \
             if self.config.daemon.metrics_listen else None
         observer = asyncio.ensure_future(observe_devices(self.pool, self.scheduler.channels, self.clock,
                                                          self._schedule_pump, self.config.devices.batch_timeout_s))
@@ -353,6 +353,10 @@ class Daemon:
             "devices": self.pool.snapshot() if self.pool else [],
             "cache": {**self.cache.snapshot(), "warmup_backlog": len(self.warmup_feeder.backlog)} if self.cache is not None else None,
         }
+
+    def metrics_page(self) -> str:
+        return render_metrics(self.status(), {name: c.stats.latency.lifetime
+                                              for name, c in self.scheduler.channels.items()})
 
     def apply_config(self, new: Config) -> list[str]:
         """Adopt a validated config: channel settings, policies and routing change in place.

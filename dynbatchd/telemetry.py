@@ -48,6 +48,47 @@ class Histogram:
     def mean(self) -> float:
         return self.sum_us / self.total if self.total else 0.0
 
+    def add(self, other: "Histogram") -> "Histogram":
+        """This histogram plus `other`, as a new one."""
+        out = Histogram()
+        out.counts = [a + b for a, b in zip(self.counts, other.counts)]
+        out.total, out.sum_us = self.total + other.total, self.sum_us + other.sum_us
+        out.max_us = max(self.max_us, other.max_us)
+        return out
+
+    def cumulative(self, every: int = 4) -> list[tuple[float, int]]:
+        """(upper edge in µs, requests at or below it) at every `every`-th bucket edge, as
+        Prometheus histogram buckets want them (cumulative, increasing)."""
+        out, seen = [], 0
+        for idx, count in enumerate(self.counts):
+            seen += count
+            if idx % every == 0:
+                out.append((2.0 ** (idx / _PER_DOUBLING), seen))
+        return out
+
+
+class LatencyRecorder:
+    """Latency since start, and over the last 30 to 60 seconds (what `status` should show:
+    a lifetime p99 hides today's spike behind yesterday's calm)."""
+
+    __slots__ = ("lifetime", "_current", "_previous")
+
+    def __init__(self) -> None:
+        self.lifetime = Histogram()
+        self._current = Histogram()
+        self._previous = Histogram()
+
+    def record(self, us: float) -> None:
+        self.lifetime.record(us)
+        self._current.record(us)
+
+    def rotate(self) -> None:
+        """Start a new period (the daemon calls this every 30 s): the recent window drops the oldest."""
+        self._previous, self._current = self._current, Histogram()
+
+    def recent(self) -> Histogram:
+        return self._previous.add(self._current)
+
 
 @dataclass(slots=True)
 class ChannelStats:
@@ -63,7 +104,7 @@ class ChannelStats:
     fill_sum: float = 0.0     # sum over batches of size / max_batch
     wait_ns: int = 0          # queue wait summed over dispatched requests
     compute_ns: int = 0       # batch compute time summed over dispatched requests
-    latency: Histogram = field(default_factory=Histogram)
+    latency: LatencyRecorder = field(default_factory=LatencyRecorder)
 
     def on_time_fraction(self) -> float:
         answered = self.completed + self.expired + self.failed
@@ -79,9 +120,8 @@ class ChannelStats:
             "batches": self.batches,
             "mean_batch": self.batched_items / self.batches if self.batches else 0.0,
             "fill_rate": self.fill_sum / self.batches if self.batches else 0.0,
-            "p50_ms": self.latency.quantile(0.50) / 1000,
-            "p99_ms": self.latency.quantile(0.99) / 1000,
-            "p999_ms": self.latency.quantile(0.999) / 1000,
+            **_quantiles_ms(self.latency.recent()),
+            "lifetime": _quantiles_ms(self.latency.lifetime),
             "rejected": {"overloaded": self.overloaded, "refused": self.refused},
             "deadline_misses": self.expired + self.late,
             "expired": self.expired,
@@ -91,6 +131,10 @@ class ChannelStats:
             "scheduling_efficiency": self.compute_ns / busy if busy else 0.0,
             "window": policy,
         }
+
+
+def _quantiles_ms(h: Histogram) -> dict[str, float]:
+    return {"p50_ms": h.quantile(0.50) / 1000, "p99_ms": h.quantile(0.99) / 1000, "p999_ms": h.quantile(0.999) / 1000}
 
 
 @dataclass(slots=True)

@@ -232,6 +232,12 @@ def test_prometheus_metrics_endpoint(sim_daemon):
                  if line.startswith('dynbatchd_requests_completed_total{channel="standard"}')]
     assert completed and float(completed[0].split()[-1]) >= 1
     assert 'dynbatchd_device_busy_ratio{device="cpu",simulated="true"}' in body
+    assert "# TYPE dynbatchd_request_duration_seconds histogram" in body
+    count = [line for line in body.splitlines()
+             if line.startswith('dynbatchd_request_duration_seconds_count{channel="standard"}')]
+    inf = [line for line in body.splitlines()
+           if line.startswith('dynbatchd_request_duration_seconds_bucket{channel="standard",le="+Inf"}')]
+    assert float(count[0].split()[-1]) == float(inf[0].split()[-1]) >= 1
     with pytest.raises(urllib.error.HTTPError):
         urllib.request.urlopen(sim_daemon.metrics_url.replace("/metrics", "/other"), timeout=10)
 

@@ -46,3 +46,18 @@ def test_auto_devices_follow_cuda_visible_devices(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert detect_devices("auto") == ["cpu"]
     assert detect_devices(["cpu", "cuda:1"]) == ["cpu", "cuda:1"]
+
+
+def test_latency_recent_window_forgets_old_periods_but_lifetime_keeps_them():
+    from dynbatchd.telemetry import LatencyRecorder
+
+    rec = LatencyRecorder()
+    for _ in range(100):
+        rec.record(1_000_000)          # a bad minute: 1 s each
+    rec.rotate()
+    rec.rotate()                       # two periods later it is out of the recent window
+    for _ in range(100):
+        rec.record(1_000)              # now: 1 ms each
+    assert rec.recent().quantile(0.99) <= 1_100
+    assert rec.lifetime.quantile(0.99) >= 900_000
+    assert rec.lifetime.cumulative()[-1][1] == 200 and rec.lifetime.total == 200

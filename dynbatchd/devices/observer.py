@@ -15,6 +15,8 @@ from dynbatchd.devices.pool import DevicePool
 from dynbatchd.scheduler import Channel
 from dynbatchd.telemetry import NvmlProbe
 
+LATENCY_PERIOD_S = 30.0
+
 
 async def observe_devices(pool: DevicePool, channels: dict[str, Channel], clock: Callable[[], int],
                           after: Callable[[], None], hung_after_s: float, every_s: float = 1.0) -> None:
@@ -22,9 +24,14 @@ async def observe_devices(pool: DevicePool, channels: dict[str, Channel], clock:
     channel's sizer (utilisation, memory, queue length), then `after()`."""
     probe = NvmlProbe()
     last = {w.name: (w.stats.busy_ns, clock()) for w in pool.workers.values()}
+    beats = 0
     while True:
         await asyncio.sleep(every_s)
         now = clock()
+        beats += 1
+        if beats % round(LATENCY_PERIOD_S / every_s) == 0:   # status shows the last 30-60 s of latency
+            for channel in channels.values():
+                channel.stats.latency.rotate()
         if hung_after_s > 0:
             pool.replace_hung(now, int(hung_after_s * 1e9))
         utils, mems = [], []
