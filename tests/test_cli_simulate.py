@@ -84,3 +84,16 @@ def test_status_watch_redraws_until_interrupted(monkeypatch):
     assert sleeps == [0.5, 0.5, 0.5]
     assert "up 3 s" in result.output                      # redrawn with the third snapshot
     assert "pattern:burst 30ms" in result.output and "standard" in result.output
+
+
+def test_error_text_with_brackets_is_printed_as_is(monkeypatch):
+    import dynbatchd.cli.dynbatchctl as ctl
+    from dynbatchd.client import DynbatchdError
+
+    def refuse(*args, **kwargs):
+        raise DynbatchdError("the result cache is off: set [cache] entries in the config")
+
+    monkeypatch.setattr(ctl, "control_call", refuse)
+    result = CliRunner().invoke(app, ["warmup"])
+    assert result.exit_code == 1
+    assert "[cache] entries" in result.output

@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -34,7 +35,7 @@ class Target:
             try:
                 daemon = cfgmod.load(config or os.environ["DYNBATCHD_CONFIG"]).daemon
             except cfgmod.ConfigError as exc:
-                err.print(f"[red]error:[/red] {exc}", highlight=False)
+                err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
                 raise typer.Exit(2)
         self.endpoint = endpoint or daemon.listen
         self.control = control or daemon.control
@@ -58,7 +59,7 @@ def _control(ctx: typer.Context, cmd: str, **args: Any) -> Any:
     try:
         return control_call(ctx.obj.control, cmd, **args)
     except DynbatchdError as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1)
 
 
@@ -81,10 +82,10 @@ def infer(ctx: typer.Context, model: str, text: str,
         result = client.infer_result(model, text, tags=tag, deadline_ms=deadline_ms, request_type=request_type,
                                      user_frequency=user_frequency, tokens=tokens, timeout=timeout)
     except DynbatchdError as exc:
-        err.print(f"[red]{exc.code}:[/red] {exc}", highlight=False)
+        err.print(f"[red]{exc.code}:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1)
     except TimeoutError:
-        err.print(f"[red]error:[/red] no answer from {ctx.obj.endpoint} within {timeout:g} s (is dynbatchd running?)")
+        err.print(f"[red]error:[/red] no answer from {escape(ctx.obj.endpoint)} within {timeout:g} s (is dynbatchd running?)")
         raise typer.Exit(1)
     finally:
         client.close()
@@ -181,7 +182,7 @@ def plugins(ctx: typer.Context, as_json: bool = JsonOption) -> None:
     out.print(f"runners: {', '.join(data['runners'])}\nwindow policies: {', '.join(data['window_policies'])}\n"
               f"batch sizers: {', '.join(data['batch_sizers'])}", highlight=False)
     for name, why in data["broken"].items():
-        out.print(f"[red]broken plugin {name}:[/red] {why}", highlight=False)
+        out.print(f"[red]broken plugin {escape(name)}:[/red] {escape(why)}", highlight=False)
 
 
 @app.command()

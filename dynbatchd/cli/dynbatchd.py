@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from dynbatchd import __version__, config as cfgmod
 from dynbatchd.config import ConfigError
@@ -45,7 +46,7 @@ def load_checked(path: Path) -> tuple[cfgmod.Config, Plugins]:
         config = cfgmod.load(path)
         validate_config(config, plugins)
     except (ConfigError, PluginError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     return config, plugins
 

@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dynbatchd import config as cfgmod
@@ -189,7 +190,7 @@ def plan(config: Optional[Path] = typer.Option(None, "--config", "-c",
     try:
         data = build_plan(config, model, memory_gb, seq_len, dtype, headroom, reserve_gb, gpu)
     except PlanError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {exc}", highlight=False)
+        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")

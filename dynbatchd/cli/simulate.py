@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dynbatchd import config as cfgmod
@@ -92,7 +93,7 @@ def simulate(config: Optional[Path] = typer.Option(None, "--config", "-c", envva
         arrivals = trace_arrivals(trace, compress) if trace else \
             poisson_arrivals(rate, duration, seed, urgent_share, tokens)
     except (cfgmod.ConfigError, OSError, KeyError, ValueError) as exc:
-        err.print(f"[red]error:[/red] {exc}", highlight=False)
+        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     plugins = Plugins.load()
     model = device_model(cfg, base_ms, per_item_ms, per_token_ms)
