@@ -82,6 +82,10 @@ def render(status: dict[str, Any], latency: dict[str, Any] | None = None) -> str
     family("dynbatchd_bad_requests_total", "counter", "Requests answered bad_request by the front end.",
            [("", daemon["bad_requests"])])
     family("dynbatchd_uptime_seconds", "gauge", "Seconds since the daemon started.", [("", daemon["uptime_s"])])
+    if "health" in daemon:
+        family("dynbatchd_health_score", "gauge",
+               "0.4 on-time share + 0.3 min(1, deadline/p99) + 0.2 utilisation + 0.1 memory headroom.",
+               [("", daemon["health"]["score"])])
     return "\n".join(line.replace("{}", "") for line in lines) + "\n"
 
 

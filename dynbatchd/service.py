@@ -32,6 +32,7 @@ from dynbatchd.metrics import render as render_metrics, serve as serve_metrics
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import Batch, Item, Scheduler, build_channels
 from dynbatchd.scheduler.slots import next_opening_ns, open_slots
+from dynbatchd.telemetry import daemon_health
 from dynbatchd.transport import FrontEnd
 from dynbatchd.validation import validate_config
 from dynbatchd.warmup import WarmupFeeder, estimate_tokens
@@ -343,14 +344,19 @@ class Daemon:
     # -- control ------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         now = self.clock()
+        channels = self.scheduler.snapshot()
+        devices = self.pool.snapshot() if self.pool else []
+        deadlines = {name: c.deadline_ms for name, c in self.config.channels.items()}
         return {
             "daemon": {"version": __version__, "pid": os.getpid(), "state": self.state,
                        "uptime_s": round((now - self.started_ns) / 1e9, 3), "config": self.config.source,
                        "listen": self.config.daemon.listen,
                        "bad_requests": self.front.bad_requests if self.front else 0,
-                       "dropped": self.front.dropped if self.front else 0},
-            "channels": self.scheduler.snapshot(),
-            "devices": self.pool.snapshot() if self.pool else [],
+                       "dropped": self.front.dropped if self.front else 0,
+                       "health": daemon_health(channels, deadlines, devices,
+                                               self.pool.memory_used if self.pool else 0.0)},
+            "channels": channels,
+            "devices": devices,
             "cache": {**self.cache.snapshot(), "warmup_backlog": len(self.warmup_feeder.backlog)} if self.cache is not None else None,
         }
 

@@ -173,6 +173,25 @@ def health_score(qps: float, qps_target: float, p99_ms: float, p99_target_ms: fl
                  + 0.1 * min(1.0, max(0.0, mem_headroom)), 4)
 
 
+def daemon_health(channels: dict[str, dict[str, Any]], deadlines_ms: dict[str, float],
+                  devices: list[dict[str, Any]], memory_used: float) -> dict[str, float]:
+    """The health score for `status`, from its own channel and device snapshots.
+
+    QPS is taken against its target as the share of answered requests that met
+    their deadline; P99 against the channel's deadline (the worst channel
+    counts); utilisation as the devices' mean busy fraction; memory headroom as
+    1 − the fullest device's memory use (1 where it is unknown, as on CPU).
+    """
+    answered = sum(c["completed"] + c["expired"] + c["failed"] for c in channels.values())
+    on_time = sum(c["completed"] - c["late"] for c in channels.values()) / answered if answered else 1.0
+    worst = min(((deadlines_ms[n], c["p99_ms"]) for n, c in channels.items() if c["p99_ms"] > 0),
+                key=lambda pair: pair[0] / pair[1], default=(1.0, 0.0))
+    util = sum(d["busy_fraction"] for d in devices) / len(devices) if devices else 0.0
+    score = health_score(on_time, 1.0, worst[1], worst[0], util, 1.0 - memory_used)
+    return {"score": score, "on_time": round(on_time, 6), "p99_over_deadline": round(worst[1] / worst[0], 4),
+            "utilisation": round(util, 4), "memory_headroom": round(1.0 - memory_used, 4)}
+
+
 class NvmlProbe:
     """GPU utilisation and memory use from NVML; silent (None) where there is no NVIDIA GPU."""
 

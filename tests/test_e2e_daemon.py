@@ -125,6 +125,7 @@ def test_status_reports_channels_and_devices(sim_daemon):
         client.infer("sim", "warm")
     status = sim_daemon.status()
     assert status["daemon"]["state"] == "serving"
+    assert 0 <= status["daemon"]["health"]["score"] <= 1
     std = status["channels"]["standard"]
     for key in ("queue_depth", "batches", "mean_batch", "fill_rate", "p50_ms", "p99_ms", "rejected", "deadline_misses"):
         assert key in std

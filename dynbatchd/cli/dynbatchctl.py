@@ -119,7 +119,8 @@ def status_view(data: dict[str, Any]) -> Group:
     d = data["daemon"]
     parts: list[Any] = [Text.assemble((f"dynbatchd {d['version']}", "bold"), f" pid {d['pid']} ",
                                       (d["state"], "green"),
-                                      f" up {d['uptime_s']:.0f} s, {d['listen']}  bad requests {d['bad_requests']}")]
+                                      f" up {d['uptime_s']:.0f} s, {d['listen']}  bad requests {d['bad_requests']}",
+                                      f"  health {d['health']['score']:.2f}" if "health" in d else "")]
     table = Table(title="channels")
     for col in ("channel", "queue", "batches", "size", "fill", "p50 ms", "p99 ms", "overload", "refused",
                 "missed", "window"):

@@ -45,7 +45,7 @@ async def observe_devices(pool: DevicePool, channels: dict[str, Channel], clock:
             elif now > t0:
                 utils.append(min(1.0, (worker.stats.busy_ns - busy0) / (now - t0)))
         util = sum(utils) / len(utils) if utils else 0.0
-        mem = max(mems) if mems else 0.0
+        mem = pool.memory_used = max(mems) if mems else 0.0
         for channel in channels.values():
             channel.sizer.observe(utilisation=util, memory=mem, queue_len=channel.depth, now_ns=now)
         after()

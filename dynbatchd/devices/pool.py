@@ -92,6 +92,7 @@ class DevicePool:
         now = clock()
         self.workers = {f"w{i}-{d}": Worker(f"w{i}-{d}", d, DeviceStats(d, since_ns=now))
                         for i, d in enumerate(devices)}
+        self.memory_used = 0.0   # fullest GPU's memory use (0..1), as the observer last read it
         self._ready = asyncio.Event()
         self._closing = False
         self._tasks: list[asyncio.Task] = []
