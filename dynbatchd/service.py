@@ -344,7 +344,7 @@ class Daemon:
     # -- control ------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         now = self.clock()
-        channels = self.scheduler.snapshot()
+        channels = self.scheduler.snapshot(now)
         devices = self.pool.snapshot() if self.pool else []
         deadlines = {name: c.deadline_ms for name, c in self.config.channels.items()}
         return {

@@ -598,4 +598,4 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
         raise SimulationError(f"{len(missing)} requests never answered (first: {missing[0]})")
     end = max((r.end_ns for r in records), default=now if n else 0)
     return SimResult(trace, channel_of, outcome, latency, slo, records, devices, max(end, first),
-                     sched.snapshot(), polls)
+                     sched.snapshot(now), polls)

@@ -18,6 +18,7 @@ from rich.text import Text
 
 from dynbatchd import config as cfgmod
 from dynbatchd.cli.plan import plan
+from dynbatchd.cli.recommend import recommend
 from dynbatchd.cli.simulate import simulate
 from dynbatchd.client import Client, DynbatchdError, control_call
 
@@ -247,6 +248,7 @@ def stop(ctx: typer.Context) -> None:
 
 app.command("plan")(plan)
 app.command("simulate")(simulate)
+app.command("recommend")(recommend)
 
 
 def main() -> None:

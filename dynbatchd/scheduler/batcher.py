@@ -164,6 +164,5 @@ class Scheduler:
     def depth(self) -> int:
         return sum(c.depth for c in self.channels.values())
 
-    def snapshot(self) -> dict[str, dict[str, Any]]:
-        return {name: c.stats.snapshot(c.depth, c.sizer.max_batch(), c.describe())
-                for name, c in self.channels.items()}
+    def snapshot(self, now_ns: int = 0) -> dict[str, dict[str, Any]]:
+        return {name: c.snapshot(now_ns) for name, c in self.channels.items()}

@@ -104,8 +104,17 @@ class Channel:
         self._rate = 0.0                # dispatched requests per ns, exponentially decayed
         self._rate_at = 0
         self._backlogged_since: int | None = None   # every batch cut since then was full
+        self._arrivals = 0.0            # accepted requests per ns, decayed over ARRIVAL_TAU_NS
+        self._arrivals_at = 0
+        self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
+
+    ARRIVAL_TAU_NS = 10_000_000_000   # the offered rate `status` shows follows the last ~10 s
 
     RATE_TAU_NS = 500_000_000   # the drain rate follows the last ~half second
+
+    def arrival_rate(self, now_ns: int) -> float:
+        """Accepted requests per ns, recently."""
+        return self._arrivals * math.exp(-(now_ns - self._arrivals_at) / self.ARRIVAL_TAU_NS)
 
     def drain_rate(self, now_ns: int) -> float:
         """Requests dispatched per ns, recently."""
@@ -144,6 +153,9 @@ class Channel:
         self.lane_for(item).push(item)
         self.depth += 1
         self.stats.accepted += 1
+        self._arrivals = self.arrival_rate(now_ns) + 1 / self.ARRIVAL_TAU_NS
+        self._arrivals_at = now_ns
+        self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
         self.window.on_arrival(now_ns, item.tokens)
         return True
 
@@ -214,3 +226,12 @@ class Channel:
 
     def describe(self) -> dict[str, Any]:
         return {**self.window.describe(), "sizer": self.sizer.describe()}
+
+    def snapshot(self, now_ns: int) -> dict[str, Any]:
+        """Stats plus what a planner needs: offered rate, request size, learned batch cost."""
+        base, per_item, per_token = self.cost.coefficients()
+        return {**self.stats.snapshot(self.depth, self.sizer.max_batch(), self.describe()),
+                "arrival_rps": round(self.arrival_rate(now_ns) * 1e9, 3),
+                "mean_tokens": round(self.mean_tokens, 1),
+                "cost_ms": {"base": base / 1e6, "per_item": per_item / 1e6, "per_token": per_token / 1e6,
+                            "samples": self.cost.samples}}
