@@ -34,13 +34,13 @@ import bisect
 import csv
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from dynbatchd.hookspecs import RequestInfo
-from dynbatchd.scheduler import Batch, Item, Scheduler, build_channels
+from dynbatchd.scheduler import Item, Scheduler, build_channels
 from dynbatchd.scheduler.slots import DeviceView, next_opening_ns, open_slots, pick_device
 
 MS = 1_000_000

@@ -100,7 +100,6 @@ class Channel:
         self.depth = 0
         self.stats = ChannelStats()
         self.cost = CostModel()
-        self.dispatched_items = 0
         self._rate = 0.0                # dispatched requests per ns, exponentially decayed
         self._rate_at = 0
         self._backlogged_since: int | None = None   # every batch cut since then was full
@@ -211,7 +210,6 @@ class Channel:
             tokens += nxt.tokens
         lane.prune()
         self.depth -= len(items)
-        self.dispatched_items += len(items)
         self._rate = self.drain_rate(now_ns) + len(items) / self.RATE_TAU_NS
         self._rate_at = now_ns
         if len(items) < limit:   # a batch that could not be filled: the channel is keeping up
