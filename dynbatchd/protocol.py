@@ -97,7 +97,8 @@ class BatchMsg(msgspec.Struct, array_like=True, gc=False, tag="batch"):
 
 class BatchResult(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag="result"):
     """A worker's answer: a stacked output array (frame 0) or per-item values,
-    plus per-item errors (index -> message) for items that failed alone."""
+    plus per-item errors (index -> message) for items that failed alone, and
+    the items the model refused before running (index -> why: bad_request)."""
     batch_id: int
     compute_ns: int
     output: TensorRef | None = None
@@ -105,6 +106,7 @@ class BatchResult(msgspec.Struct, array_like=True, omit_defaults=True, gc=False,
     errors: dict[int, str] = {}
     oom: bool = False
     simulated: bool = False
+    rejected: dict[int, str] = {}
 
 
 class ModelSpec(msgspec.Struct, gc=False):

@@ -280,7 +280,7 @@ class Daemon:
         for i, item in enumerate(batch.items):
             envelope, request, _ = item.payload
             if i in result.errors:
-                self._fail(item, P.MODEL_ERROR, result.errors[i])
+                self._fail(item, P.BAD_REQUEST if i in result.rejected else P.MODEL_ERROR, result.errors[i])
                 continue
             data = buf[i * row:(i + 1) * row] if out is not None else None
             if cache is not None and request.text is not None and not isolated:
@@ -418,6 +418,8 @@ def result_problem(result: P.BatchResult, frames: list[bytes], n: int) -> str | 
         if not result.output.shape or result.output.shape[0] != n:
             return f"output shape {result.output.shape} for a batch of {n}"
         return P.check_tensor(result.output, [len(f) for f in frames])
+    if result.values is None and len(result.errors) == n:
+        return None   # every input failed on its own: each has its error
     if result.values is None or len(result.values) != n:
         return f"{0 if result.values is None else len(result.values)} outputs for a batch of {n}"
     return None

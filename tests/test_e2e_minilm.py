@@ -10,11 +10,12 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zmq
 import zmq.asyncio
 
 from dynbatchd import protocol as P
-from dynbatchd.client import AsyncClient, Client, build_request
+from dynbatchd.client import AsyncClient, BadRequest, Client, build_request
 
 
 def test_real_embeddings_are_384_normalised_floats_with_meaning(minilm_daemon):
@@ -24,6 +25,15 @@ def test_real_embeddings_are_384_normalised_floats_with_meaning(minilm_daemon):
     assert a.shape == (384,) and a.dtype == np.float32
     assert abs(float(np.linalg.norm(a)) - 1.0) < 1e-4
     assert float(a @ b) > float(a @ c) + 0.2   # paraphrases are closer than unrelated sentences
+
+
+def test_input_the_model_cannot_take_is_bad_request_and_harms_no_one(minilm_daemon):
+    with Client(minilm_daemon.endpoint) as client:
+        bad = client.submit("minilm", [1, 2, 3])          # a plain value: this model takes text
+        good = client.submit("minilm", "fine text")
+        with pytest.raises(BadRequest, match="text"):
+            bad.result(timeout=60)
+        assert good.result(timeout=60).output.shape == (384,)
 
 
 def test_dynbatchctl_infer_prints_embedding_and_timing(minilm_daemon):

@@ -43,6 +43,7 @@ class Execution:
     def __init__(self, n: int):
         self.outputs: list[Any] = [None] * n
         self.errors: dict[int, str] = {}
+        self.rejected: dict[int, str] = {}   # refused by the runner's check: the client's input is wrong
         self.oom = False
         self.batch: np.ndarray | list[Any] | None = None  # the whole batch's outputs, when it ran in one go
 
@@ -52,7 +53,7 @@ def execute(runner: Runner, inputs: list[Any], tokens: list[int], model: str) ->
     for i, item in enumerate(inputs):
         problem = runner.check(item)
         if problem:
-            result.errors[i] = problem
+            result.errors[i] = result.rejected[i] = problem
     good = [i for i in range(len(inputs)) if i not in result.errors]
     if len(good) < len(inputs):
         _bisect(runner, inputs, tokens, good, result, model)
@@ -126,10 +127,11 @@ def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: boo
     out = _combine(run)
     if isinstance(out, np.ndarray):
         header = P.BatchResult(batch_id, compute_ns, P.TensorRef(str(out.dtype), list(out.shape), 0),
-                               None, run.errors, run.oom, simulated)
+                               None, run.errors, run.oom, simulated, run.rejected)
         return [P.encoder.encode(header), memoryview(out).cast("B")]
     try:
-        return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, out, run.errors, run.oom, simulated))]
+        return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, out, run.errors, run.oom, simulated,
+                                               run.rejected))]
     except (TypeError, NotImplementedError, OverflowError) as exc:
         errors = {i: f"model output could not be encoded ({exc})" for i in range(len(out))}
         return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, None, errors, run.oom, simulated))]
