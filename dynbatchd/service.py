@@ -217,6 +217,8 @@ class Daemon:
         now = self.clock()
         if self.warmup_feeder.backlog:
             self.warmup_feeder.feed(self.config.cache.warmup_channel or self.config.routing.default, now)
+        if not self.scheduler.depth():
+            return   # nothing queued: nothing to dispatch, expire or wake up for
         pool, lead, inflight = self.pool, self.pool.queue_lead_ns, self.pool.inflight_limit
         views = pool.views(now, self._estimate)   # one snapshot; dispatch keeps it current
         while True:   # each dispatch may open the device's next slot: ask again until none opens
