@@ -14,6 +14,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Iterable
 
+import msgspec
 import numpy as np
 import zmq
 import zmq.asyncio
@@ -198,7 +199,7 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, **args: Any) -
         if not sock.poll(int(timeout_s * 1000)):
             raise DynbatchdError(f"no answer from the daemon's control socket {endpoint} within {timeout_s:g} s "
                                  "(is dynbatchd running?)", "unreachable")
-        reply = P.msgspec.msgpack.decode(sock.recv())
+        reply = msgspec.msgpack.decode(sock.recv())
     finally:
         sock.close(0)
     if not reply.get("ok"):

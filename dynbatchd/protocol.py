@@ -53,6 +53,15 @@ class Request(msgspec.Struct, omit_defaults=True, gc=False):
     deadline_ms: float | None = None
 
 
+def estimate_tokens(request: Request) -> int:
+    """The client's token count, else ~4 characters per token for text (routing and costs use it)."""
+    if request.tokens is not None:
+        return request.tokens
+    if request.text is not None:
+        return len(request.text) // 4 + 1
+    return 0
+
+
 class ErrorInfo(msgspec.Struct, gc=False):
     code: str
     message: str

@@ -35,7 +35,7 @@ from dynbatchd.scheduler.slots import next_opening_ns, open_slots
 from dynbatchd.telemetry import daemon_health
 from dynbatchd.transport import FrontEnd
 from dynbatchd.validation import validate_config
-from dynbatchd.warmup import WarmupFeeder, estimate_tokens
+from dynbatchd.warmup import WarmupFeeder
 
 log = logging.getLogger("dynbatchd")
 
@@ -164,7 +164,7 @@ class Daemon:
         if request.model not in config.models:
             front.reject(envelope, request.id, P.UNKNOWN_MODEL, f"no model named {request.model!r}")
             return
-        tokens = estimate_tokens(request)
+        tokens = P.estimate_tokens(request)
         info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
                            tokens, request.priority, request.tenant, request.user)
         channel = self.plugins.route(info, config)

@@ -19,15 +19,6 @@ from dynbatchd.scheduler import Item, Scheduler
 WARMUP_DEADLINE_NS = 3_600 * 10**9   # warmup is never urgent, and never answered deadline_exceeded
 
 
-def estimate_tokens(request: P.Request) -> int:
-    """The client's token count, else ~4 characters per token for text."""
-    if request.tokens is not None:
-        return request.tokens
-    if request.text is not None:
-        return len(request.text) // 4 + 1
-    return 0
-
-
 class WarmupFeeder:
     def __init__(self, scheduler: Scheduler, next_key: Callable[[], int]):
         self.scheduler = scheduler
@@ -52,7 +43,7 @@ class WarmupFeeder:
         while room > 0 and self.backlog:
             model, text = self.backlog.popleft()
             request = P.Request(0, model, text=text)
-            item = Item(self.next_key(), model, now_ns, now_ns + WARMUP_DEADLINE_NS, estimate_tokens(request),
+            item = Item(self.next_key(), model, now_ns, now_ns + WARMUP_DEADLINE_NS, P.estimate_tokens(request),
                         None, (None, request, []), channel_name)
             self.scheduler.submit(item, now_ns)
             room -= 1

@@ -60,19 +60,10 @@ def execute(runner: Runner, inputs: list[Any], tokens: list[int], model: str) ->
         return result
     try:
         result.batch = _as_batch(runner.run(inputs, tokens), len(inputs))
-        return result
-    except OutOfMemory:
-        result.oom = True
     except Exception as exc:
         log.warning("model %s failed a batch of %d (%s); isolating the failing inputs",
                     model, len(inputs), type(exc).__name__)
-    if len(good) == 1:
-        result.errors[0] = ("out of device memory for a single input" if result.oom
-                            else f"model {model} failed on this input")
-        return result
-    half = len(good) // 2   # the whole batch already failed: go straight to its halves
-    _bisect(runner, inputs, tokens, good[:half], result, model)
-    _bisect(runner, inputs, tokens, good[half:], result, model)
+        _split(runner, inputs, tokens, good, result, model, exc)   # it already failed whole: halves next
     return result
 
 
@@ -85,23 +76,27 @@ def _as_batch(out: Any, n: int) -> Any:
 
 
 def _bisect(runner, inputs, tokens, idx: list[int], result: Execution, model: str) -> None:
+    """Run `idx`; if that fails, split it (down to the inputs that fail alone)."""
     if not idx:
         return
     try:
         out = _as_batch(runner.run([inputs[i] for i in idx], [tokens[i] for i in idx]), len(idx))
-        for j, i in enumerate(idx):
-            result.outputs[i] = out[j]
-        return
-    except OutOfMemory:
-        result.oom = True
-        if len(idx) == 1:
-            result.errors[idx[0]] = "out of device memory for a single input"
-            return
     except Exception as exc:
-        if len(idx) == 1:
-            # The exception type only: its text may quote the input, and payloads never reach logs.
-            result.errors[idx[0]] = f"model {model} failed on this input ({type(exc).__name__})"
-            return
+        _split(runner, inputs, tokens, idx, result, model, exc)
+        return
+    for j, i in enumerate(idx):
+        result.outputs[i] = out[j]
+
+
+def _split(runner, inputs, tokens, idx: list[int], result: Execution, model: str, failure: Exception) -> None:
+    """`idx` failed together with `failure`: answer a single input, else try each half."""
+    if isinstance(failure, OutOfMemory):
+        result.oom = True
+    if len(idx) == 1:
+        # The exception type only: its text may quote the input, and payloads never reach logs.
+        result.errors[idx[0]] = ("out of device memory for a single input" if isinstance(failure, OutOfMemory)
+                                 else f"model {model} failed on this input ({type(failure).__name__})")
+        return
     half = len(idx) // 2
     _bisect(runner, inputs, tokens, idx[:half], result, model)
     _bisect(runner, inputs, tokens, idx[half:], result, model)
