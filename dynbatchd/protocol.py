@@ -149,6 +149,7 @@ WorkerToDaemon = Hello | Ready | BatchResult | Failed
 DaemonToWorker = Setup | BatchMsg
 
 request_decoder = msgspec.msgpack.Decoder(Request)
+_id_decoder = msgspec.msgpack.Decoder(type("_IdOnly", (msgspec.Struct,), {"__annotations__": {"id": Any}, "id": None}))
 reply_decoder = msgspec.msgpack.Decoder(Reply)
 worker_decoder = msgspec.msgpack.Decoder(WorkerToDaemon)
 daemon_decoder = msgspec.msgpack.Decoder(DaemonToWorker)
@@ -179,4 +180,92 @@ def check_tensor(ref: TensorRef, frame_lengths: list[int]) -> str | None:
                 "uint8": 1, "bool": 1}[ref.dtype]
     if count * itemsize != frame_lengths[ref.frame]:
         return f"tensor shape {ref.shape} x {ref.dtype} does not match frame of {frame_lengths[ref.frame]} bytes"
+    return None
+
+
+# --- decoding what strangers send ------------------------------------------------
+
+MAX_NESTING = 32   # deepest array/map a header's free-form values may hold
+
+
+class MalformedMessage(ValueError):
+    """A message that cannot be decoded: answered ``bad_request``, never raised further."""
+
+
+def too_deep(value: Any, limit: int = MAX_NESTING) -> bool:
+    """True when `value` nests lists/dicts more than `limit` levels (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        obj, depth = stack.pop()
+        if isinstance(obj, dict):
+            children = obj.values()
+        elif isinstance(obj, list):
+            children = obj
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (list, dict)))
+    return False
+
+
+def decode_checked(decoder: msgspec.msgpack.Decoder, raw: bytes, what: str, *free_form: str) -> Any:
+    """Decode `raw`, turning every failure into MalformedMessage.
+
+    msgspec raises RecursionError (not DecodeError) on a deeply nested value; a
+    header that decodes is still refused when one of its `free_form` fields nests
+    deeper than MAX_NESTING, so no later walk over it can exhaust the stack.
+    """
+    try:
+        msg = decoder.decode(raw)
+    except RecursionError:
+        raise MalformedMessage(f"malformed {what}: nested deeper than {MAX_NESTING} levels") from None
+    except (msgspec.DecodeError, ValueError, TypeError) as exc:
+        raise MalformedMessage(f"malformed {what}: {exc}") from None
+    for name in free_form:
+        if too_deep(getattr(msg, name)):
+            raise MalformedMessage(f"malformed {what}: {name} nested deeper than {MAX_NESTING} levels")
+    return msg
+
+
+def decode_request(raw: bytes) -> Request:
+    return decode_checked(request_decoder, raw, "request header", "value")
+
+
+def guess_id(raw: bytes) -> int | str | None:
+    """Best effort: the id of a request that failed to decode, so the client can match the error."""
+    try:
+        rid = _id_decoder.decode(raw).id
+    except Exception:   # too deep, truncated...: read the id if it is the header's first key
+        rid = _leading_id(raw)
+    return rid if isinstance(rid, (int, str)) and not isinstance(rid, bool) else None
+
+
+_INTS = {0xcc: ">B", 0xcd: ">H", 0xce: ">I", 0xcf: ">Q", 0xd0: ">b", 0xd1: ">h", 0xd2: ">i", 0xd3: ">q"}
+
+
+def _leading_id(raw: bytes) -> int | str | None:
+    """The value of an `id` key that opens a msgpack map (ints and short strings), read by hand."""
+    import struct
+
+    start = {0xde: 3, 0xdf: 5}.get(raw[0], 1) if raw and (0x80 <= raw[0] <= 0x8f or raw[0] in (0xde, 0xdf)) else 0
+    if not start or raw[start:start + 3] != b"\xa2id":
+        return None
+    at = start + 3
+    tag = raw[at] if at < len(raw) else None
+    if tag is None:
+        return None
+    if tag <= 0x7f or tag >= 0xe0:
+        return tag if tag <= 0x7f else tag - 256
+    if tag in _INTS:
+        size = struct.calcsize(_INTS[tag])
+        chunk = raw[at + 1:at + 1 + size]
+        return struct.unpack(_INTS[tag], chunk)[0] if len(chunk) == size else None
+    if 0xa0 <= tag <= 0xbf or tag == 0xd9:
+        length, at = (tag - 0xa0, at + 1) if tag != 0xd9 else (raw[at + 1] if at + 1 < len(raw) else -1, at + 2)
+        text = raw[at:at + length]
+        try:
+            return text.decode() if len(text) == length >= 0 else None
+        except UnicodeDecodeError:
+            return None
     return None

@@ -11,7 +11,6 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-import msgspec
 import zmq
 
 from dynbatchd import protocol as P
@@ -122,31 +121,33 @@ class FrontEnd:
         self.bad_requests = 0
 
     def _on_batch(self, batch: list[list[bytes]]) -> None:
-        decode = P.request_decoder.decode
         for frames in batch:
             envelope, body = split_envelope(frames)
             if not body:
                 self.dropped += 1
                 continue
-            size = sum(map(len, body))
-            if size > self.max_request_bytes:
-                self.reject(envelope, _guess_id(body[0]), P.BAD_REQUEST,
-                            f"request of {size} bytes exceeds max_request_bytes ({self.max_request_bytes})")
-                continue
             try:
-                request = decode(body[0])
-            except msgspec.DecodeError as exc:
-                self.reject(envelope, _guess_id(body[0]), P.BAD_REQUEST, f"malformed request header: {exc}")
-                continue
-            problem = validate(request, body[1:])
-            if problem:
-                self.reject(envelope, request.id, P.BAD_REQUEST, problem)
-                continue
-            try:
-                self.handler(envelope, request, body[1:])
-            except Exception:  # a bug must cost one request its answer's content, never its answer
+                self._on_message(envelope, body)
+            except Exception:  # a bug must cost one message its answer's content, never the others theirs
                 log.exception("internal error handling a request")
-                self.reject(envelope, request.id, P.MODEL_ERROR, "internal error in the daemon; see its log")
+                self.reject(envelope, P.guess_id(body[0]), P.MODEL_ERROR, "internal error in the daemon; see its log")
+
+    def _on_message(self, envelope: list[bytes], body: list[bytes]) -> None:
+        size = sum(map(len, body))
+        if size > self.max_request_bytes:
+            self.reject(envelope, P.guess_id(body[0]), P.BAD_REQUEST,
+                        f"request of {size} bytes exceeds max_request_bytes ({self.max_request_bytes})")
+            return
+        try:
+            request = P.decode_request(body[0])
+        except P.MalformedMessage as exc:
+            self.reject(envelope, P.guess_id(body[0]), P.BAD_REQUEST, str(exc))
+            return
+        problem = validate(request, body[1:])
+        if problem:
+            self.reject(envelope, request.id, P.BAD_REQUEST, problem)
+            return
+        self.handler(envelope, request, body[1:])
 
     def reject(self, envelope: list[bytes], req_id: Any, code: str, message: str) -> None:
         if code == P.BAD_REQUEST:
@@ -170,17 +171,4 @@ def validate(request: P.Request, frames: list[bytes]) -> str | None:
         return f"deadline_ms must be > 0 and <= {MAX_DEADLINE_MS:g} (one day)"
     if request.tensor is not None:
         return P.check_tensor(request.tensor, [len(f) for f in frames])
-    return None
-
-
-def _guess_id(header: bytes) -> Any:
-    """Best effort: the id of a request whose header failed validation, so the client can match the error."""
-    try:
-        raw = msgspec.msgpack.decode(header)
-    except msgspec.DecodeError:
-        return None
-    if isinstance(raw, dict):
-        rid = raw.get("id")
-        if isinstance(rid, (int, str)) and not isinstance(rid, bool):
-            return rid
     return None

@@ -25,7 +25,7 @@ class ControlRequest(msgspec.Struct):
     args: dict[str, Any] = {}
 
 
-_decode = msgspec.msgpack.Decoder(ControlRequest).decode
+_decoder = msgspec.msgpack.Decoder(ControlRequest)
 
 
 class ControlServer:
@@ -42,13 +42,18 @@ class ControlServer:
             envelope, body = split_envelope(frames)
             if not body:
                 continue
-            self.io.send([*envelope, P.encoder.encode(self.handle(body[0]))])
+            try:
+                answer = P.encoder.encode(self.handle(body[0]))
+            except Exception as exc:   # e.g. a result that cannot be encoded: still one answer
+                log.exception("control reply could not be encoded")
+                answer = P.encoder.encode({"ok": False, "error": f"internal error: {type(exc).__name__}"})
+            self.io.send([*envelope, answer])
 
     def handle(self, raw: bytes) -> dict[str, Any]:
         try:
-            request = _decode(raw)
-        except msgspec.DecodeError as exc:
-            return {"ok": False, "error": f"malformed control request: {exc}"}
+            request = P.decode_checked(_decoder, raw, "control request", "args")
+        except P.MalformedMessage as exc:
+            return {"ok": False, "error": str(exc)}
         command = COMMANDS.get(request.cmd)
         if command is None:
             return {"ok": False, "error": f"unknown command {request.cmd!r} (known: {', '.join(sorted(COMMANDS))})"}

@@ -1,0 +1,73 @@
+"""Faults from outside: what strangers send must cost only their own message an answer."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import zmq
+
+from dynbatchd import protocol as P
+from dynbatchd.client import Client, control_call
+
+DEEP = b"\x83\xa2id\x01\xa5model\xa4echo\xa5value" + b"\x91" * 1000 + b"\xc0"
+
+
+@pytest.mark.parametrize("depth, answered_ok", [(P.MAX_NESTING - 1, True), (P.MAX_NESTING + 1, False),
+                                               (1000, False), (100_000, False)])
+def test_nesting_is_bounded_and_every_failure_is_a_malformed_message(depth, answered_ok):
+    header = b"\x83\xa2id\x01\xa5model\xa4echo\xa5value" + b"\x91" * depth + b"\xc0"
+    if answered_ok:
+        assert P.decode_request(header).id == 1
+    else:
+        with pytest.raises(P.MalformedMessage, match="nested deeper than 32"):
+            P.decode_request(header)
+        assert P.guess_id(header) == 1   # the client can still match its error
+
+
+def test_guess_id_never_raises_on_garbage():
+    for raw in (b"", b"\x83", b"\x83\xa2id", b"\x83\xa2id\xcd\x01", b"\xdf\xff", b"\x91" * 5000, b"\xa2id"):
+        assert P.guess_id(raw) is None
+
+
+def test_deeply_nested_headers_are_answered_alone_and_the_daemon_keeps_serving(sim_daemon):
+    """The critical fault: each deep header got no reply, took the valid requests read in the
+    same pass with it, and a few hundred of them left the daemon answering nothing."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(sim_daemon.endpoint)
+    try:
+        count = 400
+        for i in range(count):   # deep headers interleaved with valid requests, read in the same passes
+            sock.send(DEEP)
+            sock.send(msgspec.msgpack.encode({"id": 10_000 + i, "model": "echo", "text": f"ok{i}"}))
+        replies = {}
+        while len(replies) < 2 * count and sock.poll(20_000):
+            reply = P.reply_decoder.decode(sock.recv_multipart()[0])
+            if reply.id == 1:
+                assert reply.error.code == P.BAD_REQUEST and "nested" in reply.error.message
+                replies[("deep", len(replies))] = reply
+            else:
+                assert reply.ok, reply.error
+                replies[reply.id] = reply
+        assert len(replies) == 2 * count
+        assert sum(1 for k in replies if isinstance(k, int)) == count
+    finally:
+        sock.close()
+    with Client(sim_daemon.endpoint) as client:
+        assert client.infer("sim", "still alive").tolist() == [11.0, 3.0]
+    assert control_call(sim_daemon.control, "ping")["state"] == "serving"
+
+
+def test_a_deep_control_request_is_refused_and_control_keeps_working(sim_daemon):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(sim_daemon.control)
+    try:
+        for _ in range(50):
+            sock.send(b"\x82\xa3cmd\xa4ping\xa4args\x81\xa1x" + b"\x91" * 1000 + b"\xc0")
+            assert sock.poll(10_000), "no answer to a deep control request"
+            answer = msgspec.msgpack.decode(sock.recv())
+            assert answer["ok"] is False and "nested deeper than 32" in answer["error"]
+    finally:
+        sock.close()
+    assert control_call(sim_daemon.control, "ping")["state"] == "serving"
