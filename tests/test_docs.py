@@ -13,15 +13,19 @@ from __future__ import annotations
 
 import importlib.util
 import inspect
+import json
 import re
+import textwrap
 from pathlib import Path
 
 import msgspec
+import numpy as np
 import pytest
 import typer
 import typer.main
+import zmq
 
-from dynbatchd import config as cfgmod, hookspecs, protocol
+from dynbatchd import config as cfgmod, hookspecs, protocol, protocol as P
 from dynbatchd.cli import dynbatchctl, dynbatchd as dynbatchd_cli
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,6 +141,206 @@ def test_every_control_command_is_in_the_protocol_page():
     rst = rst_text("dynbatchd-protocol.7")
     missing = [name for name in COMMANDS if f"**{name}**" not in rst]
     assert not missing, f"control commands not in dynbatchd-protocol.7: {missing}"
+
+
+# ---------------------------------------------------------------------------
+# the protocol page's facts, checked against what the code does
+# ---------------------------------------------------------------------------
+
+def code_blocks(rst: str) -> list[tuple[str, str]]:
+    """(the paragraph before it, the block's text) for every ``.. code-block::`` of a page."""
+    blocks = []
+    for match in re.finditer(r"(?s)((?:[^\n]+\n)+)\n\.\. code-block:: \w+\n\n((?:(?:   [^\n]*)?\n)+)", rst):
+        blocks.append((" ".join(match[1].split()), textwrap.dedent(match[2]).strip()))
+    return blocks
+
+
+def hex_bytes(dump: str) -> bytes:
+    """The bytes of a hex dump: the two-digit tokens of each line, up to its comment or `...`."""
+    out = bytearray()
+    for line in dump.splitlines():
+        for token in line.split():
+            if not re.fullmatch(r"[0-9a-f]{2}", token):
+                break
+            out.append(int(token, 16))
+    return bytes(out)
+
+
+def protocol_section(title: str) -> str:
+    """One top-level section of dynbatchd-protocol.7.rst, without its heading."""
+    match = re.search(rf"(?ms)^{re.escape(title)}\n=+\n(.*?)(?=^[A-Z][A-Z ]+\n=+\n|\Z)",
+                      rst_text("dynbatchd-protocol.7"))
+    assert match, f"no section {title}"
+    return match[1]
+
+
+def definition(section: str, term: str) -> str:
+    """The text of one ``**term**`` entry of a definition list, joined into one line."""
+    match = re.search(rf"(?ms)^\*\*{re.escape(term)}\*\*(?: \([^\n]*)?\n((?:   [^\n]*\n|\n)+?)(?=^\S|\Z)", section)
+    assert match, f"no entry {term}"
+    return " ".join(match[1].split())
+
+
+def test_example_request_frame_is_what_msgpack_makes_and_as_long_as_the_page_says():
+    blocks = code_blocks(rst_text("dynbatchd-protocol.7"))
+    (_, request), (said, dump) = next((blocks[i], blocks[i + 1]) for i in range(len(blocks) - 1)
+                                      if "single frame of" in blocks[i + 1][0])
+    encoded = msgspec.msgpack.encode(json.loads(request))
+    assert hex_bytes(dump) == encoded, "the hex dump is not the example request's encoding"
+    stated = int(re.search(r"single frame of (\d+) bytes", said)[1])
+    assert stated == len(encoded), f"the page says {stated} bytes, the frame is {len(encoded)}"
+    assert P.decode_request(encoded).model == "minilm"
+
+
+def test_example_error_reply_starts_as_the_daemon_encodes_it():
+    rst = rst_text("dynbatchd-protocol.7")
+    dump = next(block for said, block in code_blocks(rst) if said.endswith("instead gets one frame:"))
+    shown = json.loads(" ".join(re.search(r"(?s)that is ``(\{.*?\})``", rst[rst.index("instead gets one frame:"):])[1].split()))
+    reply = P.Reply(shown["id"], shown["ok"], error=P.ErrorInfo(**shown["error"]))
+    assert P.encoder.encode(reply).startswith(hex_bytes(dump)) and len(hex_bytes(dump)) > 16
+
+
+def test_socket_limits_in_the_page_are_the_sockets():
+    from dynbatchd.control.server import ControlServer
+    from dynbatchd.transport import FrontEnd
+
+    text = " ".join(rst_text("dynbatchd-protocol.7").split())
+    ctx = zmq.Context()
+    try:
+        small = FrontEnd(ctx, "inproc://docs-small", 1000, lambda *a: None)
+        big = FrontEnd(ctx, "inproc://docs-big", 3 << 20, lambda *a: None)
+        control = ControlServer(ctx, "inproc://docs-control", None)
+        sock = big.io.sock
+        rcv = int(re.search(r"up to (\d+) messages it has not read yet \(``ZMQ_RCVHWM``\)", text)[1])
+        snd = int(re.search(r"up to (\d+) replies the client has not read yet \(``ZMQ_SNDHWM``\)", text)[1])
+        assert (rcv, snd) == (sock.getsockopt(zmq.RCVHWM), sock.getsockopt(zmq.SNDHWM))
+        assert f"let {snd} unread replies pile up" in text
+        assert "four times that limit (and never less than 1 MiB" in text
+        assert sock.getsockopt(zmq.MAXMSGSIZE) == 4 * (3 << 20)
+        assert small.io.sock.getsockopt(zmq.MAXMSGSIZE) == 1 << 20
+        assert "refuses a frame over 1 MiB" in text and control.io.sock.getsockopt(zmq.MAXMSGSIZE) == 1 << 20
+        for part in (small, big, control):
+            part.io.sock.close(0)
+    finally:
+        ctx.term()
+
+
+def test_the_nesting_limit_in_the_page_is_the_decoders():
+    text = " ".join(rst_text("dynbatchd-protocol.7").split())
+    assert f"more than {P.MAX_NESTING} levels deep (its own array or map is level 1)" in text
+    assert f"a **value** is nested deeper than {P.MAX_NESTING} levels" in text
+
+    def header(depth):   # value = [[[...nil...]]], `depth` arrays deep
+        return b"\x83\xa2id\x01\xa5model\xa1m\xa5value" + b"\x91" * depth + b"\xc0"
+    assert P.decode_request(header(P.MAX_NESTING)).id == 1
+    with pytest.raises(P.MalformedMessage):
+        P.decode_request(header(P.MAX_NESTING + 1))
+    assert P.guess_id(header(P.MAX_NESTING + 1)) == 1    # "the error reply carries it"
+
+
+def test_a_tensor_sent_to_a_text_model_is_bad_request_in_the_page_and_in_the_worker():
+    from dynbatchd.devices.runners import SentenceEmbeddingRunner
+    from dynbatchd.devices.worker import execute
+
+    errors = protocol_section("ERROR CODES")
+    assert "tensor sent to a text model" in definition(errors, "bad_request")
+    assert "tensor sent to a text model, is **bad_request**" in definition(errors, "model_error")
+    assert "answers a tensor with **bad_request**" in definition(protocol_section("REQUEST"), "tensor")
+    run = execute(SentenceEmbeddingRunner("cpu", {}), [np.zeros(4, np.float32)], [0], "minilm")
+    assert list(run.rejected) == [0], "a refused input is what the daemon answers bad_request"
+
+
+VALID_IDS = [0, 1, -1, -(2 ** 63), 2 ** 64 - 1, "", "abc", "ü-ñ"]
+INVALID_IDS = [1.0, 2.5, b"\x01", True, False, None, [1], {"a": 1}]
+
+
+def test_the_id_types_the_page_allows_are_what_the_decoder_allows():
+    entry = definition(protocol_section("REQUEST"), "id")
+    assert "from -2^63 to 2^64-1" in entry
+    assert "a float (also ``1.0``), binary (MessagePack *bin*), a boolean, nil, an array or a map" in entry
+    for rid in VALID_IDS:
+        assert P.decode_request(msgspec.msgpack.encode({"id": rid, "model": "m", "text": "t"})).id == rid
+    for rid in INVALID_IDS:
+        header = msgspec.msgpack.encode({"id": rid, "model": "m", "text": "t"})
+        with pytest.raises(P.MalformedMessage):
+            P.decode_request(header)
+        assert P.guess_id(header) is None, f"id {rid!r}: the reply's id must be nil"
+
+
+def dealer(endpoint: str) -> zmq.Socket:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    return sock
+
+
+def replies(sock: zmq.Socket, count: int) -> list[list[bytes]]:
+    out = []
+    while len(out) < count:
+        assert sock.poll(20_000), f"{len(out)} of {count} replies within 20 s"
+        out.append(sock.recv_multipart())
+    return out
+
+
+def test_what_the_page_says_of_ids_holds_on_the_wire(sim_daemon):
+    sock = dealer(sim_daemon.endpoint)
+    try:
+        for rid in VALID_IDS:
+            sock.send(msgspec.msgpack.encode({"id": rid, "model": "echo", "value": [rid]}))
+            (header,), = replies(sock, 1)
+            reply = msgspec.msgpack.decode(header)
+            assert reply["ok"] and reply["id"] == rid and type(reply["id"]) is type(rid), reply
+        for rid in INVALID_IDS:
+            sock.send(msgspec.msgpack.encode({"id": rid, "model": "echo", "text": "x"}))
+            (header,), = replies(sock, 1)
+            reply = msgspec.msgpack.decode(header)
+            assert reply["id"] is None and reply["error"]["code"] == "bad_request", (rid, reply)
+    finally:
+        sock.close()
+
+
+def test_two_requests_with_one_id_are_both_served_and_both_replies_carry_it(sim_daemon):
+    assert "two requests with the same id are served independently" in " ".join(rst_text("dynbatchd-protocol.7").split())
+    sock = dealer(sim_daemon.endpoint)
+    try:
+        for text in ("first", "second"):
+            sock.send(msgspec.msgpack.encode({"id": 7, "model": "echo", "text": text}))
+        got = [msgspec.msgpack.decode(h) for (h,) in replies(sock, 2)]
+        assert [r["id"] for r in got] == [7, 7] and all(r["ok"] for r in got)
+        assert sorted(r["value"] for r in got) == ["first", "second"]
+        assert not sock.poll(300), "more than one reply per request"
+    finally:
+        sock.close()
+
+
+def test_a_dealer_that_sends_a_delimiter_gets_one_back(sim_daemon):
+    sock = dealer(sim_daemon.endpoint)
+    try:
+        request = msgspec.msgpack.encode({"id": 3, "model": "echo", "text": "x"})
+        sock.send(request)
+        (plain,) = replies(sock, 1)
+        assert len(plain) == 1 and msgspec.msgpack.decode(plain[0])["id"] == 3
+        sock.send_multipart([b"", request])
+        (delimited,) = replies(sock, 1)
+        assert delimited[0] == b"" and msgspec.msgpack.decode(delimited[1])["id"] == 3
+    finally:
+        sock.close()
+
+
+def test_a_callable_models_list_output_arrives_as_value(sim_daemon):
+    assert "``callable`` runner's outputs arrive here, not in **tensor**" in \
+        definition(protocol_section("REPLY"), "value")
+    sock = dealer(sim_daemon.endpoint)
+    try:
+        sock.send(msgspec.msgpack.encode({"id": 1, "model": "echo", "value": [1.5, 2.5, [3]]}))
+        sock.send_multipart([msgspec.msgpack.encode({"id": 2, "model": "echo",
+                                                     "tensor": {"dtype": "float32", "shape": [2]}}),
+                             np.array([1, 2], "<f4").tobytes()])
+        got = {r["id"]: r for r in (msgspec.msgpack.decode(frames[0]) for frames in replies(sock, 2))}
+        assert "tensor" not in got[1] and got[1]["value"] == [1.5, 2.5, [3]]
+        assert "tensor" not in got[2] and got[2]["value"] == [1.0, 2.0]   # a numpy array as a list
+    finally:
+        sock.close()
 
 
 def config_keys(typ=cfgmod.Config, path: str = "") -> list[tuple[str, str]]:
