@@ -43,7 +43,7 @@ class Violation:
 
 @dataclass(slots=True)
 class WarmupJob:
-    """Inputs a warmup plugin wants precomputed for `model`, most valuable first."""
+    """Text inputs a warmup plugin wants precomputed for `model`, most valuable first (they run in this order)."""
     model: str
     inputs: list[str] = field(default_factory=list)
 
@@ -56,10 +56,13 @@ class WarmupJob:
 def dynbatchd_route(request: RequestInfo, config: Config) -> str | None:
     """Name the channel for `request`.
 
-    Called once per accepted request, before admission checks. Return a
-    channel name from ``config.channels``, or None to let the next plugin
-    decide. The first non-None answer wins; with no answer the request goes
-    to ``config.routing.default``.
+    Called once per request that decoded and names a known model, before the
+    admission checks and before the request is queued (so also for requests
+    then refused, answered from the cache or overloaded). Return a channel
+    name from ``config.channels``, or None to let the next plugin decide. The
+    first non-None answer wins; with no answer the request goes to
+    ``config.routing.default``, and so does a name that is not a channel (the
+    daemon logs it).
     """
 
 
@@ -121,9 +124,19 @@ def dynbatchd_admit(request: RequestInfo, channel: str, config: Config) -> str |
 def dynbatchd_warmup(model: str, top_users: int, config: Config) -> WarmupJob | None:
     """Name inputs to precompute into the result cache before traffic needs them.
 
-    Called by ``dynbatchctl warmup`` (typically from cron, off-peak). Return a
-    `WarmupJob` or None; the daemon runs every job's inputs through the bulk
-    path and keeps the results in its cache.
+    Called by the control command ``warmup`` (``dynbatchctl warmup``, typically
+    from a nightly timer or cron, off-peak), once per model: the one it names,
+    else every configured model. Return a `WarmupJob` or None; every plugin's
+    job is used. Only with the result cache on (``[cache] entries > 0``).
+
+    The daemon skips inputs already cached and keeps the rest in a backlog,
+    from which each scheduling pass tops up the warmup channel
+    (``[cache] warmup_channel``, else ``[routing] default``) to half its
+    ``queue_limit``; so warmup never fills a channel and refuses live traffic.
+    They run like requests of that channel, in its batches, and their results
+    only fill the cache. They carry no tenant, so they are cached under the
+    key (model, no tenant, text) and serve only requests without a tenant;
+    an isolated warmup channel caches nothing. A stop drops the backlog.
     """
 
 
@@ -137,6 +150,35 @@ def dynbatchd_runners() -> dict[str, Any]:
 
     Return ``{name: runner_class}``; ``[models.NAME] runner = "..."`` selects
     one. Called in the daemon (to check names) and in each worker process (to
-    build the runner). A runner class takes ``(device, options)`` and provides
-    ``load()``, ``run(items)`` and the attribute ``simulated``.
+    build the runners); every plugin's answer is merged, and a name
+    registered twice is an error.
+
+    A runner class subclasses `dynbatchd.devices.runners.Runner`, whose
+    public members are this contract (tests/test_docs.py checks that the two
+    agree):
+
+    ``__init__(device, options)``
+        Called in the worker process with its device (``"cpu"``,
+        ``"cuda:0"`` ...) and the model's ``options`` table; the base class
+        keeps them as ``self.device`` and ``self.options``. Keep it cheap.
+    ``load()``
+        Called once, right after construction, before the worker reports
+        ready: imports, weights, a warm-up run. May be slow; an exception
+        fails the worker's start.
+    ``check(item) -> str | None``
+        Called for each input before its batch runs: a reason to refuse this
+        one input (the client gets ``bad_request`` with it), or None.
+    ``run(inputs, tokens) -> numpy array | list``
+        Run one batch: ``inputs`` are str, numpy arrays (a tensor input) or
+        plain msgpack values, ``tokens`` their token counts. Return a numpy
+        array whose first axis is the batch (one raw frame; each client gets
+        its row as a tensor), or a list with one output per input (each
+        client gets its output as a value). Raise
+        `dynbatchd.devices.runners.OutOfMemory` when the batch does not fit;
+        any exception makes the worker split the batch until the inputs that
+        fail alone are found, which get ``model_error``.
+    ``simulated``
+        Class attribute, False by default: True when the runner models a
+        device instead of running one, so every timing it causes is labelled
+        simulated.
     """

@@ -468,6 +468,40 @@ def test_every_hookspec_has_a_docstring():
         assert len(doc.split()) >= 5, f"hookspec {name} has no real docstring"
 
 
+def documented_contract(doc: str) -> dict[str, list[str] | None]:
+    """The members a docstring lists as ````name(args)```` or ````name```` lines: name -> arg names (None: attribute)."""
+    found = {}
+    for name, parens, args in re.findall(r"^``(\w+)(\(([^)]*)\))?[^`]*``$", doc, re.MULTILINE):
+        found[name] = [a.strip() for a in args.split(",") if a.strip()] if parens else None
+    return found
+
+
+def public_contract(cls: type) -> dict[str, list[str] | None]:
+    """A base class's public members (and __init__): name -> parameter names without self (None: attribute)."""
+    out = {}
+    for name, member in vars(cls).items():
+        if name.startswith("_") and name != "__init__":
+            continue
+        if inspect.isfunction(member):
+            out[name] = [p for p in inspect.signature(member).parameters if p != "self"]
+        else:
+            out[name] = None
+    return out
+
+
+def test_documented_contract_reads_methods_and_attributes():
+    doc = "Intro.\n\n``load()``\n    x\n``run(a, b) -> list``\n    y\n``flag``\n    z\n"
+    assert documented_contract(doc) == {"load": [], "run": ["a", "b"], "flag": None}
+
+
+def test_the_runner_hookspec_documents_the_runner_class():
+    from dynbatchd.devices.runners import Runner
+
+    documented = documented_contract(inspect.getdoc(hookspecs.dynbatchd_runners))
+    assert documented == public_contract(Runner), "dynbatchd_runners' docstring and the Runner class disagree"
+    assert "dynbatchd.devices.runners.Runner" in inspect.getdoc(hookspecs.dynbatchd_runners)
+
+
 def uncommented_keys(text: str) -> list[str]:
     """Keys of a TOML file that nothing explains, judged loosely.
 
