@@ -1,9 +1,11 @@
 """The documentation keeps up with the code.
 
-Man pages name every command, option, error code and config key the code has;
-the committed roff is what its reStructuredText source builds to; the systemd
-unit points at pages that exist and keeps the settings a drain and a GPU need;
-every hook has a docstring; the shipped config comments every key.
+Man pages name every command, option, error code and config key the code has,
+and what the protocol page states of frames, ids, limits and outputs is what
+the code and the wire do; the committed roff is what its reStructuredText
+source builds to; every hook has a docstring, and the runner hook's describes
+the Runner class; the shipped config comments every key. The systemd units
+are checked in tests/test_systemd_units.py.
 
 None of this needs docutils: the one check that does (rebuilding the roff) is
 skipped without it.
@@ -30,7 +32,6 @@ from dynbatchd.cli import dynbatchctl, dynbatchd as dynbatchd_cli
 
 REPO = Path(__file__).resolve().parent.parent
 MAN = REPO / "man"
-UNIT = REPO / "systemd" / "dynbatchd.service"
 SHIPPED_CONFIG = REPO / "etc" / "dynbatchd.toml"
 
 
@@ -393,65 +394,6 @@ def test_pages_refer_to_each_other_by_their_real_names():
         for name, section in re.findall(r"\*\*([\w.\-]+)\*\*\\ \((\d)\)", rst_text(page)):
             if name in names:
                 assert names[name] == section, f"{page} refers to {name}({section}), the page is {name}({names[name]})"
-
-
-# ---------------------------------------------------------------------------
-# the systemd unit
-# ---------------------------------------------------------------------------
-
-def unit_directives() -> list[tuple[int, str, str]]:
-    """(line number, key, value) of every directive in the unit."""
-    out = []
-    for number, line in enumerate(UNIT.read_text().splitlines(), 1):
-        if line and not line.startswith(("#", ";", "[")) and "=" in line:
-            key, _, value = line.partition("=")
-            out.append((number, key.strip(), value.strip()))
-    return out
-
-
-def unit_values(key: str) -> list[str]:
-    return [value for _, k, value in unit_directives() if k == key]
-
-
-def test_unit_documentation_names_pages_that_exist():
-    referenced = [ref for value in unit_values("Documentation") for ref in value.split()]
-    assert referenced, "the unit has no Documentation="
-    pages = set()
-    for ref in referenced:
-        match = re.fullmatch(r"man:([\w.\-]+)\((\d)\)", ref)
-        if not match:
-            continue
-        page = f"{match[1]}.{match[2]}"
-        assert (MAN / page).is_file(), f"Documentation={ref}: man/{page} does not exist"
-        pages.add(page)
-    assert pages == set(PAGES), f"pages the unit does not point at: {sorted(set(PAGES) - pages)}"
-
-
-def test_unit_keeps_what_notify_drain_and_gpus_need():
-    single = {key: unit_values(key)[-1] for key in ("Type", "NotifyAccess", "KillMode", "KillSignal", "Restart")}
-    assert single == {"Type": "notify", "NotifyAccess": "main", "KillMode": "mixed", "KillSignal": "SIGTERM",
-                      "Restart": "on-failure"}
-    assert any(re.fullmatch(r"/bin/kill -HUP \$MAINPID", v) for v in unit_values("ExecReload"))
-    assert re.search(r"\bdynbatchd start --config \S+", unit_values("ExecStart")[-1])
-    stop_s = float(unit_values("TimeoutStopSec")[-1])
-    assert stop_s >= cfgmod.DaemonSettings().drain_timeout_s + 15, "TimeoutStopSec must outlast a drain"
-    assert unit_values("PrivateDevices") in ([], ["no"]), "PrivateDevices=yes hides /dev/nvidia*"
-    assert unit_values("DevicePolicy") == ["closed"]
-    allowed = " ".join(unit_values("DeviceAllow"))
-    for node in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia0"):
-        assert node in allowed, node
-    assert "HF_HUB_OFFLINE=1" in unit_values("Environment")
-
-
-def test_every_unit_directive_carries_a_reason():
-    lines = UNIT.read_text().splitlines()
-    bare = []
-    for number, key, _ in unit_directives():
-        above = lines[number - 2] if number >= 2 else ""
-        same_key_above = above.partition("=")[0].strip() == key
-        if not above.startswith("#") and not same_key_above:
-            bare.append(f"line {number}: {key}")
-    assert not bare, f"directives without a comment above them: {bare}"
 
 
 # ---------------------------------------------------------------------------

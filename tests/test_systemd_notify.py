@@ -2,7 +2,8 @@
 
 `dynbatchd.systemd.notify` alone, then the real daemon in a subprocess: it must
 say READY=1 only once it can serve, RELOADING=1 / READY=1 around every SIGHUP
-(also a refused one), and STOPPING=1 when it starts to drain.
+(also a refused one), STOPPING=1 when it starts to drain, and WATCHDOG=1
+while it runs under a watchdog (the pinging itself: tests/test_watchdog.py).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ def test_daemon_tells_systemd_ready_reloading_and_stopping(short_dir, systemd_so
     config = short_dir / "dynbatchd.toml"
     write_config(config, short_dir, window_ms=2)
     log = short_dir / "daemon.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "NOTIFY_SOCKET": str(short_dir / "notify")}
+    env = {**without_watchdog(os.environ), "HF_HUB_OFFLINE": "1", "NOTIFY_SOCKET": str(short_dir / "notify")}
     proc = subprocess.Popen([sys.executable, "-m", "dynbatchd", "start", "--config", str(config)],
                             stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
     control = f"ipc://{short_dir}/ctl.sock"
@@ -157,6 +158,48 @@ def test_daemon_tells_systemd_ready_reloading_and_stopping(short_dir, systemd_so
         # SIGTERM: STOPPING=1, then a clean exit.
         proc.send_signal(signal.SIGTERM)
         assert states(systemd_socket, 30) == "STOPPING=1"
+        assert proc.wait(60) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def without_watchdog(env) -> dict[str, str]:
+    """The environment minus a watchdog of our own (tests run under systemd), so pings do not interleave."""
+    return {k: v for k, v in env.items() if k not in ("WATCHDOG_USEC", "WATCHDOG_PID")}
+
+
+def daemon_starts_the_watchdog() -> bool:
+    return "start_watchdog(" in (REPO / "dynbatchd" / "service.py").read_text()
+
+
+@pytest.mark.skipif(not daemon_starts_the_watchdog(),
+                    reason="dynbatchd/service.py does not call systemd.start_watchdog(loop) yet")
+def test_daemon_pings_the_watchdog_while_it_serves_and_drains(short_dir, systemd_socket):
+    config = short_dir / "dynbatchd.toml"
+    write_config(config, short_dir, window_ms=2)
+    log = short_dir / "daemon.log"
+    env = {**without_watchdog(os.environ), "HF_HUB_OFFLINE": "1", "NOTIFY_SOCKET": str(short_dir / "notify"),
+           "WATCHDOG_USEC": "1000000"}   # pings every 0.5 s
+    # As systemd does: WATCHDOG_PID is the daemon's own pid (exec keeps the shell's), so workers see another.
+    proc = subprocess.Popen(["/bin/sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh",
+                             sys.executable, "-m", "dynbatchd", "start", "--config", str(config)],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    try:
+        seen = []
+        while not any(s.startswith("READY=1") for s in seen):
+            try:
+                seen.append(states(systemd_socket, 120))
+            except socket.timeout:
+                pytest.fail(f"no READY=1 within 120 s (got {seen}):\n{log.read_text()}")
+        for _ in range(3):   # at least every half second, while serving
+            assert states(systemd_socket, 10) == "WATCHDOG=1", log.read_text()
+        proc.send_signal(signal.SIGTERM)
+        after = [states(systemd_socket, 30)]
+        while after[-1] == "WATCHDOG=1" and len(after) < 10:   # a ping may come before STOPPING=1
+            after.append(states(systemd_socket, 30))
+        assert after[-1] == "STOPPING=1", after
         assert proc.wait(60) == 0, log.read_text()
     finally:
         if proc.poll() is None:
