@@ -15,23 +15,23 @@ cached, and nothing from an isolated channel.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Hashable
 
 
 class ResultCache:
     def __init__(self, entries: int):
         self.capacity = entries
-        self._data: OrderedDict[tuple[str, str], tuple[Any, bytes | None]] = OrderedDict()
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
         self.hits = 0
         self.misses = 0
 
     def __len__(self) -> int:
         return len(self._data)
 
-    def __contains__(self, key: tuple[str, str]) -> bool:
+    def __contains__(self, key: Hashable) -> bool:
         return key in self._data
 
-    def get(self, key: tuple[str, str]) -> tuple[Any, bytes | None] | None:
+    def get(self, key: Hashable) -> Any:
         entry = self._data.get(key)
         if entry is None:
             self.misses += 1
@@ -40,9 +40,10 @@ class ResultCache:
         self.hits += 1
         return entry
 
-    def put(self, key: tuple[str, str], output: Any, data: bytes | None) -> None:
-        """Keep `output` (a TensorRef with `data`, or a plain value); the least recently used goes first."""
-        self._data[key] = (output, data)
+    def put(self, key: Hashable, output: Any) -> None:
+        """Keep `output` (whatever the driver caches: the daemon keeps a descriptor and its
+        bytes); the least recently used entry goes first."""
+        self._data[key] = output
         self._data.move_to_end(key)
         while len(self._data) > self.capacity:
             self._data.popitem(last=False)

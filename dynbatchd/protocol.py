@@ -22,8 +22,9 @@ DEADLINE_EXCEEDED = "deadline_exceeded"
 MODEL_ERROR = "model_error"
 SHUTTING_DOWN = "shutting_down"
 REFUSED = "refused"
+UNAVAILABLE = "unavailable"   # every device was given up: retrying here will not help, try another daemon
 ERROR_CODES = (BAD_REQUEST, UNKNOWN_MODEL, OVERLOADED, DEADLINE_EXCEEDED, MODEL_ERROR,
-               SHUTTING_DOWN, REFUSED)
+               SHUTTING_DOWN, REFUSED, UNAVAILABLE)
 
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "uint8", "bool")
 

@@ -104,6 +104,9 @@ class ChannelStats:
     fill_sum: float = 0.0     # sum over batches of size / max_batch
     wait_ns: int = 0          # queue wait summed over dispatched requests
     compute_ns: int = 0       # batch compute time summed over dispatched requests
+    cache_hits: int = 0       # answered from the result cache: no latency, no batch
+    warmup_batches: int = 0   # warmup work, kept out of fill and latency
+    warmup_items: int = 0
     latency: LatencyRecorder = field(default_factory=LatencyRecorder)
 
     def on_time_fraction(self) -> float:
@@ -129,6 +132,8 @@ class ChannelStats:
             "failed": self.failed,
             "on_time": self.on_time_fraction(),
             "scheduling_efficiency": self.compute_ns / busy if busy else 0.0,
+            "cache_hits": self.cache_hits,
+            "warmup": {"batches": self.warmup_batches, "items": self.warmup_items},
             "window": policy,
         }
 
@@ -139,25 +144,18 @@ def _quantiles_ms(h: Histogram) -> dict[str, float]:
 
 @dataclass(slots=True)
 class DeviceStats:
+    """What the engine counts per device (the process side, pid and restarts, is the pool's)."""
     name: str
-    pid: int = 0
-    state: str = "starting"
     inflight: int = 0
     batches: int = 0
     items: int = 0
-    restarts: int = 0
     busy_ns: int = 0
     since_ns: int = 0
-    simulated: bool = False
 
     def snapshot(self, now_ns: int) -> dict[str, Any]:
         span = now_ns - self.since_ns
-        return {
-            "device": self.name, "pid": self.pid, "state": self.state, "inflight": self.inflight,
-            "batches": self.batches, "items": self.items, "restarts": self.restarts,
-            "busy_fraction": min(1.0, self.busy_ns / span) if span > 0 else 0.0,
-            "simulated": self.simulated,
-        }
+        return {"device": self.name, "inflight": self.inflight, "batches": self.batches, "items": self.items,
+                "busy_fraction": min(1.0, self.busy_ns / span) if span > 0 else 0.0}
 
 
 def health_score(qps: float, qps_target: float, p99_ms: float, p99_target_ms: float,

@@ -68,7 +68,10 @@ class LoopSocket:
         except zmq.Again:
             pass
         if batch:
-            self.on_batch(batch)
+            try:
+                self.on_batch(batch)
+            except Exception:   # a bug in a handler must not stop this socket being read
+                log.exception("internal error handling messages on %s", self.sock.getsockopt(zmq.LAST_ENDPOINT))
         if len(batch) >= DRAIN_LIMIT:
             self.kick()
         elif self.sock.getsockopt(_EVENTS) & _POLLIN:

@@ -13,10 +13,10 @@ from conftest import start_daemon
 
 def test_cache_is_bounded_and_least_recently_used_goes_first():
     cache = ResultCache(2)
-    cache.put(("m", "a"), 1, None)
-    cache.put(("m", "b"), 2, None)
-    assert cache.get(("m", "a")) == (1, None)      # a is now the most recently used
-    cache.put(("m", "c"), 3, None)
+    cache.put(("m", "a"), 1)
+    cache.put(("m", "b"), 2)
+    assert cache.get(("m", "a")) == 1      # a is now the most recently used
+    cache.put(("m", "c"), 3)
     assert ("m", "b") not in cache and ("m", "a") in cache and len(cache) == 2
     assert cache.snapshot()["hits"] == 1
 
@@ -60,12 +60,16 @@ def test_warmup_fills_the_cache_and_requests_are_served_from_it(tmp_path):
         deadline = time.monotonic() + 30
         while daemon.status()["cache"]["entries"] < 3:
             assert time.monotonic() < deadline, "warmup did not finish"
-        assert daemon.status()["channels"]["bulk"]["batches"] >= 1     # it ran in the warmup channel
+        bulk = daemon.status()["channels"]["bulk"]
+        assert bulk["warmup"]["batches"] >= 1 and bulk["warmup"]["items"] == 3   # it ran in the warmup channel
+        assert bulk["batches"] == 0 and bulk["fill_rate"] == 0       # and is kept out of the live figures
         with Client(daemon.endpoint) as client:
             hit = client.infer_result("sim", "profile of user 0")
             miss = client.infer_result("sim", "profile of user 9")
         assert hit.timing.device == "cache" and hit.timing.batch_size == 0
         assert hit.output.tolist() == [len("profile of user 0"), 5.0]
+        standard = daemon.status()["channels"]["standard"]
+        assert standard["cache_hits"] == 1 and standard["completed"] == 1   # a hit is not a 0 ms completion
         assert miss.timing.device == "cpu"
         assert daemon.call("warmup", top_users=3)["already_cached"] == 3
     finally:

@@ -71,7 +71,8 @@ class Scheduler:
         n = len(batch.items)
         channel.cost.observe(n, batch.tokens, compute_ns)
         channel.window.on_batch_done(n, batch.tokens, compute_ns, now_ns)
-        channel.stats.compute_ns += compute_ns * n
+        if not batch.items[0].warmup:
+            channel.stats.compute_ns += compute_ns * n
 
     def out_of_memory(self, batch: Batch) -> None:
         """A batch did not fit on the device: that channel's sizer lowers its limit."""
@@ -81,6 +82,13 @@ class Scheduler:
         """Put back dispatched requests that did not run; a retried one (`retries` > 0) runs alone."""
         for item in items:
             self.channels[item.channel].requeue(item)
+
+    def take_all(self) -> list[Item]:
+        """Remove and return everything queued (stopping: nothing more may start)."""
+        out: list[Item] = []
+        for channel in self.channels.values():
+            channel.take_all(out)
+        return out
 
     def drain(self) -> None:
         """Stop waiting for fuller batches: everything queued is ready now."""

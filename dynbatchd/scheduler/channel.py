@@ -34,6 +34,7 @@ class Item:
     channel: str = ""
     retries: int = 0
     queued: bool = False
+    warmup: bool = False   # nobody waits: its batches count apart from live traffic's
 
 
 @dataclass(slots=True, eq=False)
@@ -52,6 +53,7 @@ class Lane:
     model: str
     tenant: str | None
     bucket: int = 0                                 # length bucket (token_buckets), so short never pads to long
+    warmup: bool = False                            # warmup inputs batch apart from live traffic
     heap: list = field(default_factory=list)        # (deadline_ns, key, item): most urgent first
     arrivals: deque = field(default_factory=deque)  # the same items in arrival order, taken ones skipped lazily
     tokens: int = 0
@@ -135,11 +137,24 @@ class Channel:
         settings = self.settings
         tenant = item.tenant if settings.isolated else None
         bucket = bisect.bisect_left(settings.token_buckets, item.tokens) if settings.token_buckets else 0
-        key = (item.model, tenant, bucket)
+        key = (item.model, tenant, bucket, item.warmup)
         lane = self.lanes.get(key)
         if lane is None:
-            lane = self.lanes[key] = Lane(item.model, tenant, bucket=bucket)
+            lane = self.lanes[key] = Lane(item.model, tenant, bucket=bucket, warmup=item.warmup)
         return lane
+
+    def _forget_empty(self) -> None:
+        """Drop empty lanes: a poll walks only lanes with work, however many tenants were ever seen."""
+        for key in [key for key, lane in self.lanes.items() if not lane.heap]:
+            del self.lanes[key]
+
+    def take_all(self, out: list[Item]) -> None:
+        """Empty every lane into `out` (stopping: nothing more may start)."""
+        for lane in self.lanes.values():
+            while lane.heap:
+                out.append(lane.pop())
+        self.lanes.clear()
+        self.depth = 0
 
     def offer(self, item: Item, now_ns: int) -> bool:
         """Queue `item`; False when the caller should answer `overloaded` at once: the queue
@@ -151,7 +166,8 @@ class Channel:
             self._backlogged_since = now_ns
         self.lane_for(item).push(item)
         self.depth += 1
-        self.stats.accepted += 1
+        if not item.warmup:
+            self.stats.accepted += 1
         self._arrivals = self.arrival_rate(now_ns) + 1 / self.ARRIVAL_TAU_NS
         self._arrivals_at = now_ns
         self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
@@ -169,12 +185,18 @@ class Channel:
             return
         # Hopeless: even a batch of one, started when a device is next free, would end too late.
         horizon = now_ns + device_busy_ns + self.cost.estimate_ns(1)
+        emptied = False
         for lane in self.lanes.values():
             while lane.heap and lane.heap[0][0] < horizon:
-                out.append(lane.pop())
+                item = lane.pop()
+                out.append(item)
                 self.depth -= 1
-                self.stats.expired += 1
+                if not item.warmup:
+                    self.stats.expired += 1
             lane.prune()
+            emptied = emptied or not lane.heap
+        if emptied:
+            self._forget_empty()
 
     def lane_state(self, lane: Lane, free_slots: int, busy_ns: int = 0) -> LaneState:
         return LaneState(len(lane), lane.tokens, self.sizer.max_batch(), lane.opened_ns,
@@ -209,18 +231,38 @@ class Channel:
             items.append(lane.pop())
             tokens += nxt.tokens
         lane.prune()
+        if not lane.heap:
+            self._forget_empty()
         self.depth -= len(items)
         self._rate = self.drain_rate(now_ns) + len(items) / self.RATE_TAU_NS
         self._rate_at = now_ns
         if len(items) < limit:   # a batch that could not be filled: the channel is keeping up
             self._backlogged_since = None
         stats = self.stats
-        stats.batches += 1
-        stats.batched_items += len(items)
-        stats.fill_sum += len(items) / limit
-        for item in items:
-            stats.wait_ns += now_ns - item.arrival_ns
+        if lane.warmup:   # optional work: it must not flatter or spoil the live fill figures
+            stats.warmup_batches += 1
+            stats.warmup_items += len(items)
+        else:
+            stats.batches += 1
+            stats.batched_items += len(items)
+            stats.fill_sum += len(items) / limit
+            for item in items:
+                stats.wait_ns += now_ns - item.arrival_ns
         return Batch(batch_id, self.name, lane.model, items, now_ns, limit, tokens)
+
+    def retune(self, settings: Any, fresh: "Channel") -> None:
+        """Adopt new settings (tune, reload) with the policies `fresh` was built with; a policy
+        whose selection (name and options) did not change inherits what the old one learned."""
+        if settings == self.settings:
+            return
+        old = self.settings
+        for attr, key in (("window", "window"), ("sizer", "batch_size")):
+            current, new = getattr(self, attr), getattr(fresh, attr)
+            if getattr(old, key, None) == getattr(settings, key, None) and type(current) is type(new) \
+                    and hasattr(new, "inherit"):
+                new.inherit(current)
+            setattr(self, attr, new)
+        self.settings = settings
 
     def describe(self) -> dict[str, Any]:
         return {**self.window.describe(), "sizer": self.sizer.describe()}

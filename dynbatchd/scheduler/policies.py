@@ -28,6 +28,9 @@ class LaneState:
 
 
 class WindowPolicy(Protocol):
+    """A policy may also define ``inherit(previous)``: when a channel is retuned (tune,
+    reload) without changing its policy or options, the freshly built policy takes
+    over what the previous one learned instead of starting cold."""
     def on_arrival(self, now_ns: int, tokens: int) -> None: ...
     def on_batch_done(self, size: int, tokens: int, compute_ns: int, now_ns: int) -> None: ...
     def window_ns(self, now_ns: int, lane: LaneState) -> int: ...
@@ -69,6 +72,7 @@ class StaticSizer:
 
     def __init__(self, max_batch: int):
         self._limit = max_batch
+        self.oom_ceiling: int | None = None   # learned: the largest size that may still fit
 
     @classmethod
     def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "StaticSizer":
@@ -82,6 +86,13 @@ class StaticSizer:
 
     def on_oom(self, failed_size: int) -> None:
         self._limit = max(1, min(self._limit, failed_size // 2))
+        self.oom_ceiling = self._limit
+
+    def inherit(self, previous: "StaticSizer") -> None:
+        """Retuned: a size that did not fit before still does not."""
+        if previous.oom_ceiling is not None:
+            self.oom_ceiling = previous.oom_ceiling
+            self._limit = min(self._limit, previous.oom_ceiling)
 
     def describe(self) -> dict[str, Any]:
         return {"policy": "static", "max_batch": self._limit}

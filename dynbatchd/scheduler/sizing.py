@@ -298,6 +298,12 @@ class AdaptiveSizer:
             self.changes += 1
             self.last_change = "oom"
 
+    def inherit(self, previous: "AdaptiveSizer") -> None:
+        """Retuned: keep the ceiling an out-of-memory lowered, and the size reached so far."""
+        self.ceiling = min(self.ceiling, previous.ceiling)
+        self.limit = max(1, min(self.ceiling, previous.limit))
+        self.changes, self.last_change, self._changed_ns = previous.changes, previous.last_change, previous._changed_ns
+
     def describe(self) -> dict[str, Any]:
         return {"policy": "adaptive", "max_batch": self.limit, "ceiling": self.ceiling,
                 "last_change": self.last_change, "changes": self.changes}

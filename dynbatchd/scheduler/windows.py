@@ -116,6 +116,11 @@ class EwmaWindow:
     def on_batch_done(self, size: int, tokens: int, compute_ns: int, now_ns: int) -> None:
         pass
 
+    def inherit(self, previous: "EwmaWindow") -> None:
+        """Retuned: keep the smoothed gap, clamped to the new bounds."""
+        self._window = self._clamp(previous._window)
+        self._last_arrival, self.last_interval_ns = previous._last_arrival, previous.last_interval_ns
+
     def window_ns(self, now_ns: int, lane: LaneState) -> int:
         return round(self._window)
 
@@ -413,6 +418,10 @@ class SloWindow:
                    margin_ms=o.num("margin_ms", 5.0, lo=0.0),
                    rate_horizon_ms=o.num("rate_horizon_ms", 250.0, lo=0.0, lo_open=True),
                    lead_ms=o.num("lead_ms", 1.0, lo=0.0))
+
+    def inherit(self, previous: "SloWindow") -> None:
+        """Retuned: keep the arrival-rate estimate."""
+        self._weight, self._last_arrival, self._tokens = previous._weight, previous._last_arrival, previous._tokens
 
     def on_arrival(self, now_ns: int, tokens: int) -> None:
         decay = self._decay(now_ns)

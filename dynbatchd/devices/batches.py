@@ -1,0 +1,75 @@
+"""Batches on the worker wire: a scheduler Batch out as a BatchMsg, a BatchResult back as an Outcome.
+
+The daemon's half of the daemon <-> worker protocol (the worker's half is
+`dynbatchd.devices.worker`). Arrays travel as raw frames both ways; a
+result's stacked output is cut into per-request (TensorRef, view) pairs here,
+without copying.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+from dynbatchd import protocol as P
+from dynbatchd.engine import Outcome
+from dynbatchd.scheduler import Batch
+
+
+class Pending(NamedTuple):
+    """A live request while the engine holds it: where to reply, what was asked, its frames.
+    `envelope` is None for a warmup input (nobody waits for it)."""
+    envelope: list[bytes] | None
+    request: P.Request
+    frames: list[bytes] | tuple = ()
+
+
+def encode_batch(batch: Batch) -> list[Any]:
+    """BatchMsg header plus the tensor frames of its requests, renumbered."""
+    items, frames = [], []
+    for item in batch.items:
+        pending: Pending = item.payload.payload
+        request = pending.request
+        if request.tensor is not None:
+            ref = P.TensorRef(request.tensor.dtype, request.tensor.shape, len(frames))
+            frames.append(pending.frames[request.tensor.frame])
+            items.append(P.BatchItem(tensor=ref, tokens=item.tokens))
+        else:
+            items.append(P.BatchItem(text=request.text, value=request.value, tokens=item.tokens))
+    return [P.encoder.encode(P.BatchMsg(batch.id, batch.model, items)), *frames]
+
+
+def decode_outcome(result: P.BatchResult, frames: list[bytes], n: int) -> Outcome:
+    """A worker's answer for a batch of `n` as the engine takes it; per-item outputs are
+    (TensorRef, memoryview) for arrays and (value, None) for plain values."""
+    problem = result_problem(result, frames, n)
+    outcome = Outcome(result.compute_ns, errors=result.errors, rejected=result.rejected, oom=result.oom,
+                      simulated=result.simulated, problem=problem)
+    if problem:
+        return outcome
+    if result.output is not None:
+        buf = memoryview(frames[0])
+        row = len(buf) // n if n else 0
+        ref = P.TensorRef(result.output.dtype, result.output.shape[1:], 0)
+        outcome.outputs = [(ref, buf[i * row:(i + 1) * row]) for i in range(n)]
+    elif result.values is not None:
+        outcome.outputs = [(value, None) for value in result.values]
+    return outcome
+
+
+def freeze(output: Any) -> Any:
+    """What the cache keeps of an output: the bytes themselves, not a view pinning the batch's frame."""
+    value, data = output
+    return value, (bytes(data) if data is not None else None)
+
+
+def result_problem(result: P.BatchResult, frames: list[bytes], n: int) -> str | None:
+    """Why a worker's answer cannot be split into `n` replies, or None."""
+    if result.output is not None:
+        if not result.output.shape or result.output.shape[0] != n:
+            return f"output shape {result.output.shape} for a batch of {n}"
+        return P.check_tensor(result.output, [len(f) for f in frames])
+    if result.values is None and len(result.errors) == n:
+        return None   # every input failed on its own: each has its error
+    if result.values is None or len(result.values) != n:
+        return f"{0 if result.values is None else len(result.values)} outputs for a batch of {n}"
+    return None

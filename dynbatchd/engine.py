@@ -1,0 +1,389 @@
+"""The sans-I/O core that both the daemon and the simulator drive.
+
+It owns the scheduler, the device table (what each device holds and when it
+should be done), retries, the quarantine of poison inputs, the result cache,
+the warmup backlog and every counter. Drivers feed it events with their own
+clock reading and carry out what it returns:
+
+    submit(job, now)                 -> None (queued) or the Answer to send now
+    step(now)                        -> (dispatches to send, answers to send)
+    completed(device, id, outcome, now) -> answers
+    lost(device, now)                -> Loss(answers, explained)
+    next_wakeup()                    -> when step() should run again (None: on the next event)
+
+No sockets, threads, asyncio or clocks here: the live daemon
+(`dynbatchd.service`) and the discrete-event simulator (`dynbatchd.sim`)
+make the same decisions because they call the same methods. A job's
+`payload` is the driver's own business (a reply address, a trace index);
+the engine hands it back in every Dispatch and Answer.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Hashable, Iterable
+
+from dynbatchd import protocol as P
+from dynbatchd.scheduler import Batch, Channel, Item, Scheduler
+from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_opening_ns, open_slots, pick_device
+from dynbatchd.telemetry import DeviceStats
+
+OK = "ok"
+MAX_RETRIES = 1              # a request whose worker died under it runs once more, alone
+QUARANTINE_SIZE = 4096       # fingerprints of inputs proven to kill a worker
+WARMUP_DEADLINE_NS = 3_600 * 10**9   # warmup is never urgent and never answered
+LATENCY_PERIOD_NS = 30 * 10**9       # status shows the last 30-60 s of latency
+
+
+@dataclass(slots=True, eq=False)
+class Job:
+    """One request as the engine needs it. `payload` is opaque: handed back in answers."""
+    model: str
+    channel: str
+    tokens: int
+    deadline_ms: float
+    payload: Any = None
+    tenant: str | None = None
+    cache_key: Hashable | None = None   # None: never served from or stored in the cache
+    warmup: bool = False                # nobody waits for it; its result only fills the cache
+
+
+@dataclass(slots=True)
+class Answer:
+    """What the driver sends back for one request: code OK with an output, or an error."""
+    payload: Any
+    code: str
+    message: str = ""
+    output: Any = None
+    timing: P.Timing | None = None
+
+
+@dataclass(slots=True)
+class Dispatch:
+    device: int
+    batch: Batch
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What a device made of one batch: per-item outputs, or per-item errors."""
+    compute_ns: int
+    outputs: list[Any] | None = None
+    errors: dict[int, str] = field(default_factory=dict)
+    rejected: Iterable[int] = ()   # errors that are the client's input's fault: bad_request
+    oom: bool = False
+    simulated: bool = False
+    problem: str | None = None     # the device answered in a way that cannot be split: all fail
+
+
+@dataclass(slots=True)
+class Loss:
+    answers: list[Answer]
+    explained: bool   # the death was a proven poison input's, not the device's
+
+
+@dataclass(slots=True, eq=False)
+class Device:
+    """One device in the table: what it holds (batch id -> (batch, sent_ns), in send order)."""
+    name: str
+    stats: DeviceStats
+    usable: bool = False
+    exclusive: bool = False     # running a retried request alone: takes nothing else meanwhile
+    gone: bool = False          # given up for good
+    held: dict[int, tuple[Batch, int]] = field(default_factory=dict)
+
+
+class Engine:
+    def __init__(self, channels: dict[str, Channel], devices: list[str], *, inflight: int = 2,
+                 queue_lead_ns: int = 1_000_000, cache: Any = None, freeze: Callable[[Any], Any] = lambda o: o,
+                 fingerprint: Callable[[Any], Hashable] | None = None, now_ns: int = 0):
+        self.scheduler = Scheduler(channels)
+        self.channels = channels
+        self.devices = [Device(name, DeviceStats(name, since_ns=now_ns)) for name in devices]
+        self.inflight = inflight
+        self.lead_ns = queue_lead_ns
+        self.cache = cache
+        self.freeze = freeze               # turns an output into what the cache may keep
+        self.fingerprint = fingerprint     # payload -> identity of its input, for the quarantine
+        self.quarantine: OrderedDict[Hashable, None] = OrderedDict()
+        self.warmup_backlog: deque[Job] = deque()
+        self.warmup_channel: str | None = None
+        self.stopped = False
+        self.memory_used = 0.0   # fullest device's memory use (0..1), as last observed
+        self._keys = 0
+        self._wakeup: int | None = None
+        self._rotated_ns = now_ns
+
+    # -- requests -----------------------------------------------------------
+    def submit(self, job: Job, now_ns: int) -> Answer | None:
+        """Queue `job` (None), or answer it at once: cached, quarantined, overloaded, no device."""
+        channel = self.channels[job.channel]
+        if self.stopped:
+            return Answer(job.payload, P.SHUTTING_DOWN, "daemon is shutting down")
+        if self.devices and all(d.gone for d in self.devices):
+            return Answer(job.payload, P.UNAVAILABLE, "no device is left to run this model; see the daemon's log")
+        if job.cache_key is not None and self.cache is not None and not channel.settings.isolated:
+            hit = self.cache.get(job.cache_key)
+            if hit is not None:
+                channel.stats.cache_hits += 1
+                return Answer(job.payload, OK, output=hit, timing=P.Timing(0, 0, 0, 0, job.channel, "cache"))
+        if self.quarantine and self.fingerprint and self.fingerprint(job.payload) in self.quarantine:
+            channel.stats.failed += 1
+            return Answer(job.payload, P.MODEL_ERROR, "this input made the model's worker die twice; "
+                                                      "it is quarantined until the daemon restarts")
+        self._keys += 1
+        item = Item(self._keys, job.model, now_ns, now_ns + int(job.deadline_ms * 1e6), job.tokens, job.tenant,
+                    job, job.channel, warmup=job.warmup)
+        if self.scheduler.submit(item, now_ns):
+            return None
+        limit = channel.settings.queue_limit
+        why = (f"queue is full ({limit})" if channel.depth >= limit
+               else "backlogged: the requests ahead cannot be served before this one's deadline")
+        return Answer(job.payload, P.OVERLOADED, f"channel {job.channel!r} {why}")
+
+    def refused(self, channel: str) -> None:
+        """A compliance check refused a request routed to `channel` (counted, never queued)."""
+        self.channels[channel].stats.refused += 1
+
+    def add_warmup(self, jobs: Iterable[Job], channel: str) -> tuple[int, int]:
+        """Queue warmup jobs not cached yet, to be fed a little at a time; (queued, already cached)."""
+        self.warmup_channel = channel
+        queued = cached = 0
+        for job in jobs:
+            if self.cache is not None and job.cache_key in self.cache:
+                cached += 1
+            else:
+                job.channel, job.warmup, job.deadline_ms = channel, True, WARMUP_DEADLINE_NS / 1e6
+                self.warmup_backlog.append(job)
+                queued += 1
+        return queued, cached
+
+    def _feed_warmup(self, now_ns: int) -> None:
+        """Top the warmup channel up to half its queue, so warmup never crowds live traffic out."""
+        channel = self.channels[self.warmup_channel]
+        room = channel.settings.queue_limit // 2 - channel.depth
+        while room > 0 and self.warmup_backlog:
+            job = self.warmup_backlog.popleft()
+            self._keys += 1
+            self.scheduler.submit(Item(self._keys, job.model, now_ns, now_ns + WARMUP_DEADLINE_NS, job.tokens,
+                                       None, job, job.channel, warmup=True), now_ns)
+            room -= 1
+
+    # -- scheduling -----------------------------------------------------------
+    def _estimate(self, batch: Batch) -> int:
+        return self.channels[batch.channel].cost.estimate_ns(len(batch.items), batch.tokens)
+
+    def _views(self) -> list[DeviceView]:
+        return [DeviceView(len(d.held), estimated_free_at(d.held.values(), self._estimate),
+                           d.usable and not d.exclusive) for d in self.devices]
+
+    def step(self, now_ns: int) -> tuple[list[Dispatch], list[Answer]]:
+        """One scheduling pass: answer the hopeless, fill every open device slot."""
+        dispatches: list[Dispatch] = []
+        answers: list[Answer] = []
+        if self.warmup_backlog and not self.stopped:
+            self._feed_warmup(now_ns)
+        self._wakeup = None
+        if not self.scheduler.depth():
+            return dispatches, answers
+        views = self._views()   # one snapshot, kept current as batches are placed
+        while True:   # each placement may open that device's next slot: ask again until none opens
+            free, busy = open_slots(views, now_ns, self.inflight, self.lead_ns)
+            decision = self.scheduler.poll(now_ns, free, busy)
+            for item in decision.expired:
+                self._fail(item, P.DEADLINE_EXCEEDED, "deadline passed before the request could run", now_ns, answers)
+            placed = 0
+            for batch in decision.batches:
+                index = self._place(batch, views, now_ns)
+                if index is None:
+                    self.scheduler.requeue(batch.items)   # a retried request waits for an idle device
+                else:
+                    dispatches.append(Dispatch(index, batch))
+                    placed += 1
+            if not placed:
+                break
+        wake = self.scheduler.next_wakeup(now_ns, free, busy)
+        if self.scheduler.depth():   # a queued slot opening soon is worth waking for
+            opening = next_opening_ns(views, now_ns, self.inflight, self.lead_ns)
+            if opening is not None:
+                wake = opening if wake is None else min(wake, opening)
+        self._wakeup = wake
+        return dispatches, answers
+
+    def _place(self, batch: Batch, views: list[DeviceView], now_ns: int) -> int | None:
+        """The device that can start `batch` soonest. A retried request goes only to an idle
+        device and runs there alone: if it kills that one too, it is certainly the cause."""
+        exclusive = any(item.retries for item in batch.items)
+        choose = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0) for v in views] if exclusive else views
+        index = pick_device(choose, now_ns, self.inflight, self.lead_ns)
+        if index is None:
+            return None
+        device = self.devices[index]
+        device.held[batch.id] = (batch, now_ns)
+        device.exclusive = exclusive
+        device.stats.inflight = len(device.held)
+        view = views[index]
+        views[index] = DeviceView(view.held + 1, max(view.free_at_ns, now_ns) + self._estimate(batch),
+                                  view.usable and not exclusive)
+        return index
+
+    def next_wakeup(self) -> int | None:
+        """When the last step() wants to run again if nothing else happens first."""
+        return self._wakeup
+
+    # -- device events ----------------------------------------------------------
+    def device_up(self, device: int) -> None:
+        d = self.devices[device]
+        d.usable, d.gone, d.exclusive = True, False, False
+
+    def device_gone(self, device: int, now_ns: int) -> list[Answer]:
+        """A device is given up for good; with none left, everything queued is answered unavailable."""
+        self.devices[device].usable = False
+        self.devices[device].gone = True
+        if not all(d.gone for d in self.devices):
+            return []
+        answers: list[Answer] = []
+        for item in self.scheduler.take_all():
+            self._fail(item, P.UNAVAILABLE, "no device is left to run this model; see the daemon's log", now_ns, answers)
+        return answers
+
+    def completed(self, device: int, batch_id: int, outcome: Outcome, now_ns: int) -> list[Answer]:
+        """A device finished a batch: one answer per request (none for warmup, none twice)."""
+        dev = self.devices[device]
+        entry = dev.held.pop(batch_id, None)
+        dev.stats.inflight = len(dev.held)
+        dev.exclusive = False
+        if entry is None:
+            return []   # already answered: lost, stopped, or a stray message
+        batch = entry[0]
+        n = len(batch.items)
+        dev.stats.batches += 1
+        dev.stats.items += n
+        dev.stats.busy_ns += outcome.compute_ns
+        self.scheduler.completed(batch, outcome.compute_ns, now_ns)
+        if outcome.oom:
+            self.scheduler.out_of_memory(batch)
+        answers: list[Answer] = []
+        if outcome.problem:
+            for item in batch.items:
+                self._fail(item, P.MODEL_ERROR, f"the model's worker answered badly: {outcome.problem}", now_ns, answers)
+            return answers
+        stats = self.channels[batch.channel].stats
+        isolated = self.channels[batch.channel].settings.isolated   # regulated data is never cached
+        rejected = set(outcome.rejected)
+        compute_us = outcome.compute_ns // 1000
+        for i, item in enumerate(batch.items):
+            if i in outcome.errors:
+                self._fail(item, P.BAD_REQUEST if i in rejected else P.MODEL_ERROR, outcome.errors[i], now_ns, answers)
+                continue
+            job: Job = item.payload
+            output = outcome.outputs[i] if outcome.outputs is not None else None
+            if self.cache is not None and job.cache_key is not None and not isolated:
+                self.cache.put(job.cache_key, self.freeze(output))
+            if job.warmup:
+                continue
+            total_us = (now_ns - item.arrival_ns) // 1000   # queue: all of it but compute (hand-over included)
+            timing = P.Timing(max(0, total_us - compute_us), compute_us, total_us, n, batch.channel,
+                              dev.name, outcome.simulated)
+            stats.completed += 1
+            if now_ns > item.deadline_ns:
+                stats.late += 1
+            stats.latency.record(total_us)
+            answers.append(Answer(job.payload, OK, output=output, timing=timing))
+        return answers
+
+    def lost(self, device: int, now_ns: int) -> Loss:
+        """A device died. What it was running runs once more, alone; a request that kills the
+        device a second time is proven poison: answered, and its input quarantined. What was
+        only waiting behind it is requeued as it was."""
+        dev = self.devices[device]
+        held = [batch for batch, _ in dev.held.values()]   # in the order sent: the first was running
+        dev.held.clear()
+        dev.stats.inflight = 0
+        dev.usable = dev.exclusive = False
+        answers: list[Answer] = []
+        retry: list[Item] = []
+        explained = False
+        for item in (held[0].items if held else []):
+            if item.retries < MAX_RETRIES:
+                item.retries += 1
+                retry.append(item)
+                continue
+            explained = True
+            if self.fingerprint is not None:
+                self.quarantine[self.fingerprint(item.payload.payload)] = None
+                while len(self.quarantine) > QUARANTINE_SIZE:
+                    self.quarantine.popitem(last=False)
+            self._fail(item, P.MODEL_ERROR, f"the worker for {dev.name} died twice while running this "
+                                            "request; its input is quarantined", now_ns, answers)
+        retry.extend(item for batch in held[1:] for item in batch.items)
+        if self.stopped:
+            for item in retry:
+                self._fail(item, P.SHUTTING_DOWN, "daemon stopped while this request was running", now_ns, answers)
+        else:
+            self.scheduler.requeue(retry)
+        return Loss(answers, explained)
+
+    def undelivered(self, device: int, batch_id: int) -> None:
+        """A dispatched batch could not be sent (its worker vanished): it waits for another device."""
+        dev = self.devices[device]
+        entry = dev.held.pop(batch_id, None)
+        dev.stats.inflight = len(dev.held)
+        dev.usable = dev.exclusive = False
+        if entry is not None:
+            self.scheduler.requeue(entry[0].items)
+
+    def overdue(self, now_ns: int, timeout_ns: int) -> list[int]:
+        """Devices that have held a batch longer than `timeout_ns` (hung: to be replaced)."""
+        return [i for i, d in enumerate(self.devices)
+                if d.held and now_ns - min(sent for _, sent in d.held.values()) > timeout_ns]
+
+    def observe(self, now_ns: int, utilisation: float, memory: float) -> None:
+        """Once a second or so: tell every channel's batch sizer what the devices are doing."""
+        for channel in self.channels.values():
+            channel.sizer.observe(utilisation=utilisation, memory=memory, queue_len=channel.depth, now_ns=now_ns)
+        if now_ns - self._rotated_ns >= LATENCY_PERIOD_NS:
+            self._rotated_ns = now_ns
+            for channel in self.channels.values():
+                channel.stats.latency.rotate()
+
+    # -- stopping -------------------------------------------------------------------
+    def drain(self) -> None:
+        """Stop waiting for fuller batches, and drop the optional warmup work."""
+        self.warmup_backlog.clear()
+        self.scheduler.drain()
+
+    def busy(self) -> bool:
+        return bool(self.scheduler.depth() or any(d.held for d in self.devices))
+
+    def stop(self, now_ns: int) -> list[Answer]:
+        """Answer everything still queued or running `shutting_down`; any later result is ignored."""
+        self.stopped = True
+        answers: list[Answer] = []
+        for item in self.scheduler.take_all():
+            self._fail(item, P.SHUTTING_DOWN, "daemon stopped before this request could run", now_ns, answers)
+        for dev in self.devices:
+            for batch, _ in dev.held.values():
+                for item in batch.items:
+                    self._fail(item, P.SHUTTING_DOWN, "daemon stopped while this request was running", now_ns, answers)
+            dev.held.clear()
+            dev.stats.inflight = 0
+        return answers
+
+    # -- accounting -------------------------------------------------------------------
+    def _fail(self, item: Item, code: str, message: str, now_ns: int, out: list[Answer]) -> None:
+        job: Job = item.payload
+        if job.warmup:   # nobody waits for it
+            return
+        stats = self.channels[item.channel].stats
+        if code != P.DEADLINE_EXCEEDED:   # expiries are counted where the scheduler expires them
+            stats.failed += 1
+        stats.latency.record((now_ns - item.arrival_ns) // 1000)
+        out.append(Answer(job.payload, code, message))
+
+    def snapshot(self, now_ns: int) -> dict[str, Any]:
+        return {"channels": self.scheduler.snapshot(now_ns),
+                "devices": [d.stats.snapshot(now_ns) for d in self.devices],
+                "quarantined": len(self.quarantine),
+                "warmup_backlog": len(self.warmup_backlog)}
