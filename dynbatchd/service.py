@@ -90,6 +90,7 @@ class Daemon:
             loop.add_signal_handler(sig, handler)
         self.control = ControlServer(ctx, self.config.daemon.control, self)
         self.control.io.start(loop)
+        watchdog = systemd.start_watchdog(loop)   # pings from this loop: a stuck loop gets restarted
         models = [P.ModelSpec(n, m.runner, dict(m.options)) for n, m in self.config.models.items()]
         self.pool = DevicePool(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
                                ipc_dir=ipc_dir, restart_limit=self.config.devices.restart_limit,
@@ -125,6 +126,8 @@ class Daemon:
             metrics.close()
         await self._drain()
         await self._close(ipc_dir)
+        if watchdog is not None:
+            watchdog.cancel()
         return 0
 
     def request_stop(self) -> None:
