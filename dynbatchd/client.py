@@ -3,6 +3,12 @@
 Both keep many requests in flight on one DEALER socket and match replies by
 id. Errors arrive as exceptions, one class per protocol error code, all
 subclasses of `DynbatchdError` with a `.code`.
+
+Every request has a timeout, 60 s (`DEFAULT_TIMEOUT_S`) unless the client or
+the call sets another; `None` (no limit) only when asked for explicitly. A
+request that runs out raises `Timeout`, which is also a `TimeoutError`, and
+closing a client fails whatever it still has in flight with `ClientClosed`,
+so no caller waits forever on a daemon that went away.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any, Iterable
 
@@ -40,6 +46,7 @@ class ShuttingDown(DynbatchdError): code = P.SHUTTING_DOWN
 class Refused(DynbatchdError): code = P.REFUSED
 
 
+# The protocol's error codes (client-side conditions such as a timeout are not in it).
 ERRORS: dict[str, type[DynbatchdError]] = {c.code: c for c in (
     BadRequest, UnknownModel, Overloaded, DeadlineExceeded, ModelError, ShuttingDown, Refused)}
 
@@ -84,11 +91,42 @@ def raise_for(reply: P.Reply) -> None:
         raise ERRORS.get(err.code, DynbatchdError)(err.message, err.code)
 
 
-class AsyncClient:
-    """``await AsyncClient(endpoint).infer("minilm", "text")`` -> numpy array."""
+DEFAULT_TIMEOUT_S = 60.0
 
-    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, context: zmq.asyncio.Context | None = None):
+
+class Timeout(DynbatchdError, TimeoutError):
+    """No answer within the timeout (the daemon is gone, stuck or unreachable); also a `TimeoutError`."""
+    code = "timeout"
+
+
+class ClientClosed(DynbatchdError):
+    """The client was closed while the request was in flight, or before it was sent."""
+    code = "closed"
+
+
+class _Default:
+    def __repr__(self) -> str:
+        return "the client's timeout"
+
+
+CLIENT_TIMEOUT: Any = _Default()   # a call's `timeout` default: the client's own
+
+
+class AsyncClient:
+    """``await AsyncClient(endpoint).infer("minilm", "text")`` -> numpy array.
+
+    `timeout` (seconds, default ``DEFAULT_TIMEOUT_S`` = 60) bounds every
+    request, from sending it to its answer, unless a call gives its own; a
+    request that runs out raises `Timeout` (a `TimeoutError`). Only an
+    explicit ``timeout=None`` waits forever. `close()` fails every request
+    still in flight with `ClientClosed`: no call is left waiting on a daemon
+    that went away.
+    """
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, timeout: float | None = DEFAULT_TIMEOUT_S,
+                 context: zmq.asyncio.Context | None = None):
         self.endpoint = endpoint
+        self.timeout = timeout
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -96,6 +134,7 @@ class AsyncClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._reader: asyncio.Task | None = None
+        self.closed = False
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -104,39 +143,70 @@ class AsyncClient:
         self.close()
 
     def close(self) -> None:
+        """Close the socket; every request still waiting fails with `ClientClosed`."""
+        if self.closed:
+            return
+        self.closed = True
         if self._reader:
             self._reader.cancel()
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.set_exception(DynbatchdError("client closed"))
+        self._fail_pending(ClientClosed("client closed"))
         self._sock.close(0)
 
+    def _fail_pending(self, exc: DynbatchdError) -> None:
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+
     async def _read_replies(self) -> None:
-        while True:
-            frames = await self._sock.recv_multipart()
-            try:
-                reply = P.reply_decoder.decode(frames[0])
-            except Exception:
-                continue
-            fut = self._pending.pop(reply.id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(frames)
+        try:
+            while True:
+                frames = await self._sock.recv_multipart()
+                try:
+                    reply = P.reply_decoder.decode(frames[0])
+                except Exception:
+                    continue
+                fut = self._pending.pop(reply.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(frames)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:   # the socket failed under us: nobody may keep waiting for it
+            self._fail_pending(DynbatchdError(f"connection to {self.endpoint} failed: {exc}", "closed"))
 
     async def infer_result(self, model: str, inputs: Any, *, tags: Iterable[str] = (), request_type: str | None = None,
                            user_frequency: str | None = None, tokens: int | None = None, priority: int | None = None,
                            deadline_ms: float | None = None, tenant: str | None = None, user: str | None = None,
-                           timeout: float | None = None) -> Result:
-        """Like `infer`, but also returns the reply's timing."""
+                           timeout: float | None = CLIENT_TIMEOUT) -> Result:
+        """Like `infer`, but also returns the reply's timing.
+
+        `timeout`: seconds for this request, sending included (default: the
+        client's, 60 s unless set; None: no limit). Raises `Timeout` past it.
+        """
+        if self.closed:
+            raise ClientClosed("client closed")
+        limit = self.timeout if timeout is CLIENT_TIMEOUT else timeout
         if self._reader is None:
             self._reader = asyncio.ensure_future(self._read_replies())
         req_id = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self._pending[req_id] = fut
-        await self._sock.send_multipart(build_request(
+        frames_out = build_request(
             req_id, model, inputs, tags=tuple(tags), request_type=request_type, user_frequency=user_frequency,
-            tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user))
+            tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user)
+
+        async def exchange() -> list[bytes]:
+            await self._sock.send_multipart(frames_out)
+            return await fut
+
         try:
-            frames = await asyncio.wait_for(fut, timeout)
+            frames = await asyncio.wait_for(exchange(), limit)
+        except asyncio.TimeoutError:
+            raise Timeout(f"no answer from {self.endpoint} within {limit:g} s") from None
+        except zmq.ZMQError as exc:
+            if self.closed:
+                raise ClientClosed("client closed") from None
+            raise DynbatchdError(f"cannot send to {self.endpoint}: {exc}", "closed") from None
         finally:
             self._pending.pop(req_id, None)
         reply, output = parse_reply(frames)
@@ -149,23 +219,62 @@ class AsyncClient:
 
 
 class Client:
-    """Blocking client; thread-safe, with many requests in flight (`submit` returns a Future)."""
+    """Blocking client; thread-safe, with many requests in flight (`submit` returns a Future).
 
-    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555"):
+    `timeout` (seconds, default ``DEFAULT_TIMEOUT_S`` = 60) bounds every
+    request unless a call gives its own (``timeout=None`` only when asked:
+    no limit). Past it the request raises `Timeout` (a `TimeoutError`).
+    `close()` resolves every Future still pending with `ClientClosed`, and a
+    `submit` after close returns a Future already failed that way.
+    """
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, timeout: float | None = DEFAULT_TIMEOUT_S):
+        self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="dynbatchd-client", daemon=True)
         self._thread.start()
-        self._async = self._call(self._make(endpoint))
+        self._futures: set[Future] = set()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._async = self._call(self._make(endpoint, timeout))
 
-    async def _make(self, endpoint: str) -> AsyncClient:
-        return AsyncClient(endpoint, context=zmq.asyncio.Context())
+    async def _make(self, endpoint: str, timeout: float | None) -> AsyncClient:
+        return AsyncClient(endpoint, timeout=timeout, context=zmq.asyncio.Context())
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def submit(self, model: str, inputs: Any, **kwargs: Any) -> Future:
         """Start a request; the Future's result is a `Result` (output plus timing)."""
-        return asyncio.run_coroutine_threadsafe(self._async.infer_result(model, inputs, **kwargs), self._loop)
+        fut: Future = Future()
+        with self._lock:
+            if self._closed:
+                fut.set_exception(ClientClosed("client closed"))
+                return fut
+            self._futures.add(fut)
+        fut.add_done_callback(self._forget)
+        inner = asyncio.run_coroutine_threadsafe(self._async.infer_result(model, inputs, **kwargs), self._loop)
+        inner.add_done_callback(lambda done: self._settle(fut, done))
+        return fut
+
+    def _forget(self, fut: Future) -> None:
+        with self._lock:
+            self._futures.discard(fut)
+
+    @staticmethod
+    def _settle(fut: Future, done: Future) -> None:
+        """Copy the loop's outcome onto the caller's Future, unless close() settled it first."""
+        if fut.done():
+            return
+        try:
+            if done.cancelled():
+                fut.set_exception(ClientClosed("client closed"))
+            elif done.exception() is not None:
+                fut.set_exception(done.exception())
+            else:
+                fut.set_result(done.result())
+        except InvalidStateError:   # settled by close() in between
+            pass
 
     def infer_result(self, model: str, inputs: Any, **kwargs: Any) -> Result:
         return self.submit(model, inputs, **kwargs).result()
@@ -175,11 +284,29 @@ class Client:
         return self.infer_result(model, inputs, **kwargs).output
 
     def close(self) -> None:
+        """Stop the client; every request still pending fails with `ClientClosed`."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+
         async def _close() -> None:
             self._async.close()
-        self._call(_close())
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=5)
+            self._async._ctx.destroy(linger=0)
+
+        try:
+            self._call(_close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            with self._lock:
+                left = list(self._futures)
+            for fut in left:   # whatever the loop did not settle before it stopped
+                if not fut.done():
+                    try:
+                        fut.set_exception(ClientClosed("client closed"))
+                    except InvalidStateError:
+                        pass
 
     def __enter__(self) -> "Client":
         return self
@@ -194,14 +321,23 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, **args: Any) -
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     try:
+        try:
+            request = P.encoder.encode({"cmd": cmd, "args": args})
+        except (OverflowError, TypeError) as exc:   # e.g. an integer msgpack cannot carry
+            raise DynbatchdError(f"cannot send {cmd}: {exc}", "bad_request") from None
         sock.connect(endpoint)
-        sock.send(P.encoder.encode({"cmd": cmd, "args": args}))
+        sock.send(request)
         if not sock.poll(int(timeout_s * 1000)):
             raise DynbatchdError(f"no answer from the daemon's control socket {endpoint} within {timeout_s:g} s "
                                  "(is dynbatchd running?)", "unreachable")
-        reply = msgspec.msgpack.decode(sock.recv())
+        try:
+            reply = msgspec.msgpack.decode(sock.recv())
+        except msgspec.DecodeError as exc:
+            raise DynbatchdError(f"unreadable answer from {endpoint}: {exc}", "control") from None
     finally:
         sock.close(0)
-    if not reply.get("ok"):
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        if not isinstance(reply, dict):
+            raise DynbatchdError(f"unreadable answer from {endpoint}: {reply!r}", "control")
         raise DynbatchdError(reply.get("error", "control command failed"), "control")
     return reply["result"]
