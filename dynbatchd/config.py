@@ -7,6 +7,8 @@ Unknown keys are errors, not silently ignored.
 
 from __future__ import annotations
 
+import ipaddress
+import os
 import re
 import sys
 from pathlib import Path
@@ -20,11 +22,24 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-DEFAULT_CONFIG_PATHS = ("/etc/dynbatchd/dynbatchd.toml",)
+CONFIG_ENV = "DYNBATCHD_CONFIG"
+# Searched in this order after --config and $DYNBATCHD_CONFIG (see `find_config`).
+DEFAULT_CONFIG_PATHS = ("etc/dynbatchd.toml", "/etc/dynbatchd/dynbatchd.toml")
 
-Positive = Annotated[int, Meta(ge=1)]
-NonNegative = Annotated[int, Meta(ge=0)]
-Millis = Annotated[float, Meta(ge=0)]
+# Upper bounds, so no setting can overflow the nanosecond arithmetic of the
+# scheduler or the msgpack integers of the control protocol. MAX_MS is the
+# wire protocol's own limit on a request's deadline_ms (one day).
+MAX_MS = 86_400_000.0
+MAX_S = MAX_MS / 1000
+MAX_BATCH = 65_536
+MAX_QUEUE = 1 << 24
+MAX_TOKENS = 2**31 - 1
+MAX_PRIORITY = 1_000_000
+
+NonNegative = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
+Millis = Annotated[float, Meta(ge=0, le=MAX_MS)]
+Seconds = Annotated[float, Meta(ge=0, le=MAX_S)]
+Priority = Annotated[int, Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)]
 
 
 class ConfigError(Exception):
@@ -43,8 +58,8 @@ class DaemonSettings(Frozen, kw_only=True):
     listen: str = "tcp://127.0.0.1:5555"
     control: str = "tcp://127.0.0.1:5556"
     metrics_listen: str = ""
-    max_request_bytes: Positive = 1 << 20
-    drain_timeout_s: Annotated[float, Meta(ge=0)] = 30.0
+    max_request_bytes: Annotated[int, Meta(ge=1, le=1 << 30)] = 1 << 20
+    drain_timeout_s: Seconds = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
@@ -52,10 +67,10 @@ class DeviceSettings(Frozen, kw_only=True):
     use: str | list[str] = "auto"
     inflight: Annotated[int, Meta(ge=1, le=8)] = 2
     queue_lead_ms: Millis = 1.0
-    cpu_threads: NonNegative = 0
-    memory_gb: Annotated[float, Meta(ge=0)] = 0.0
-    restart_limit: NonNegative = 5
-    batch_timeout_s: Annotated[float, Meta(ge=0)] = 120.0
+    cpu_threads: Annotated[int, Meta(ge=0, le=4096)] = 0
+    memory_gb: Annotated[float, Meta(ge=0, le=1 << 20)] = 0.0
+    restart_limit: Annotated[int, Meta(ge=0, le=1_000_000)] = 5
+    batch_timeout_s: Seconds = 120.0
 
 
 class ModelSettings(Frozen, kw_only=True):
@@ -69,11 +84,11 @@ class WindowSettings(Frozen, kw_only=True):
 
 
 class ChannelSettings(Frozen, kw_only=True):
-    max_batch: Positive
+    max_batch: Annotated[int, Meta(ge=1, le=MAX_BATCH)]
     window_ms: Millis
-    deadline_ms: Annotated[float, Meta(gt=0)] = 1000.0
-    queue_limit: Positive = 1024
-    priority: int = 0
+    deadline_ms: Annotated[float, Meta(gt=0, le=MAX_MS)] = 1000.0
+    queue_limit: Annotated[int, Meta(ge=1, le=MAX_QUEUE)] = 1024
+    priority: Priority = 0
     isolated: bool = False
     run_late: bool = False
     max_tokens: NonNegative = 0
@@ -90,7 +105,7 @@ class RoutingRule(Frozen, kw_only=True):
     tokens_above: NonNegative | None = None
     request_type: str | None = None
     user_frequency: str | None = None
-    priority_at_least: int | None = None
+    priority_at_least: Priority | None = None
     model: str | None = None
 
 
@@ -105,7 +120,7 @@ class ComplianceSettings(Frozen, kw_only=True):
 
 
 class CacheSettings(Frozen, kw_only=True):
-    entries: NonNegative = 0
+    entries: Annotated[int, Meta(ge=0, le=MAX_QUEUE * 16)] = 0
     warmup_channel: str = ""
 
 
@@ -130,6 +145,7 @@ class Config(Frozen, kw_only=True):
 
 
 _PATH_RE = re.compile(r"\s*-\s*at\s*`\$(?P<path>[^`]*)`\s*$")
+_STEP_RE = re.compile(r"\.([^.\[]+)|\[(\d+)\]")
 
 
 def _key_from_path(path: str) -> str:
@@ -137,8 +153,15 @@ def _key_from_path(path: str) -> str:
     return path.lstrip(".")
 
 
+def _value_at(data: Any, path: str) -> Any:
+    """The value msgspec's `path` (`.channels.rt.max_batch`, `.use[0]`) points at in `data`, or KeyError."""
+    for key, index in _STEP_RE.findall(path):
+        data = data[int(index)] if index else data[key]
+    return data
+
+
 def _convert(data: Any, typ: type, source: str, prefix: str = "") -> Any:
-    """msgspec.convert, with its error turned into a ConfigError naming the full key."""
+    """msgspec.convert, with its error turned into a ConfigError naming the full key and the value."""
     try:
         return msgspec.convert(data, typ)
     except msgspec.ValidationError as exc:
@@ -147,6 +170,13 @@ def _convert(data: Any, typ: type, source: str, prefix: str = "") -> Any:
         path = _key_from_path(match["path"]) if match else ""
         key = ".".join(p for p in (prefix, path) if p).replace(".[", "[")
         rule = _PATH_RE.sub("", text)
+        if ", got " not in rule:   # a range error: say what was given, as a type error does
+            try:
+                value = _value_at(data, match["path"] if match else "")
+            except (KeyError, IndexError, TypeError):
+                value = None
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                rule += f", got `{value!r}`"
         raise ConfigError(source, key, rule[:1].lower() + rule[1:]) from None
 
 
@@ -190,6 +220,11 @@ def _check_references(cfg: Config) -> None:
         ep = getattr(cfg.daemon, ep_key)
         if not re.match(r"^(tcp|ipc|inproc)://.+", ep):
             raise ConfigError(src, f"daemon.{ep_key}", f"{ep!r} is not a ZeroMQ endpoint (tcp://, ipc://)")
+    if not is_private_endpoint(cfg.daemon.control):
+        raise ConfigError(src, "daemon.control",
+                          f"{cfg.daemon.control!r} is not a loopback address: the control socket has no "
+                          "authentication, so it must be tcp://127.0.0.1:PORT, tcp://[::1]:PORT, "
+                          "tcp://localhost:PORT or an ipc:// path")
     if cfg.daemon.metrics_listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.daemon.metrics_listen):
         raise ConfigError(src, "daemon.metrics_listen", f"{cfg.daemon.metrics_listen!r} is not HOST:PORT")
     if isinstance(cfg.devices.use, str) and cfg.devices.use != "auto":
@@ -198,6 +233,51 @@ def _check_references(cfg: Config) -> None:
         for i, dev in enumerate(cfg.devices.use):
             if not re.match(r"^(cpu|cuda:\d+)$", dev):
                 raise ConfigError(src, f"devices.use[{i}]", f"{dev!r} is not a device (cpu, cuda:N)")
+
+
+def is_private_endpoint(endpoint: str) -> bool:
+    """True for ipc:// and inproc:// endpoints and for tcp:// on a loopback address only.
+
+    A wildcard (`tcp://*:5556`), an interface name or any other address is not:
+    whoever can reach it could retune and stop the daemon.
+    """
+    if not endpoint.startswith("tcp://"):
+        return True
+    host = endpoint[len("tcp://"):].rpartition(":")[0]
+    host = host.rpartition(";")[2]          # tcp://SOURCE;HOST:PORT binds HOST
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def find_config(explicit: str | Path | None = None) -> Path | None:
+    """The config file a command reads: the one search order of every dynbatchd and dynbatchctl command.
+
+    1. `explicit` (the command's --config), 2. ``$DYNBATCHD_CONFIG``,
+    3. ``./etc/dynbatchd.toml``, 4. ``/etc/dynbatchd/dynbatchd.toml``.
+    The first two are returned as given even when no such file exists (reading
+    it then fails, naming it); the last two count only where they are files.
+    None when no file is found.
+    """
+    if explicit is not None and str(explicit) != "":
+        return Path(explicit)
+    if os.environ.get(CONFIG_ENV):
+        return Path(os.environ[CONFIG_ENV])
+    for candidate in map(Path, DEFAULT_CONFIG_PATHS):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def search_order_text() -> str:
+    """The search order in words, for error messages."""
+    return "--config, $" + CONFIG_ENV + ", " + ", ".join(("./" + p) if not p.startswith("/") else p
+                                                         for p in DEFAULT_CONFIG_PATHS)
 
 
 def load(path: str | Path) -> Config:
@@ -212,6 +292,16 @@ def load(path: str | Path) -> Config:
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), "", f"not valid TOML: {exc}") from None
     return parse(data, str(path))
+
+
+def check_channel_values(channel: str, changes: dict[str, Any], source: str = "tune") -> None:
+    """Type and range of channel settings on their own (what `tune` sends), before any daemon sees them.
+
+    Raises the ConfigError a config file with these values would get; rules
+    across settings (window within the deadline, compliance) need the whole
+    configuration and stay with the daemon.
+    """
+    _convert({"max_batch": 1, "window_ms": 0.0, **changes}, ChannelSettings, source, f"channels.{channel}")
 
 
 def with_channel(cfg: Config, name: str, **changes: Any) -> Config:

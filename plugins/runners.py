@@ -7,7 +7,8 @@ from dynbatchd.hookspecs import hookimpl
 
 @hookimpl
 def dynbatchd_runners():
-    # Imported lazily by the runner itself: torch loads only in worker processes.
+    # Imported lazily by the runner itself: torch loads only in worker processes. Each class
+    # declares its OPTIONS, so the daemon checks a model's options without importing torch.
     from dynbatchd.devices import runners
     return {
         "sentence-embedding": runners.SentenceEmbeddingRunner,

@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
+import numpy as np
 import typer
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.live import Live
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -24,32 +25,59 @@ from dynbatchd.client import Client, DynbatchdError, control_call
 
 app = typer.Typer(help="Control and query a running dynbatchd.", no_args_is_help=True, add_completion=False)
 out = Console()
-err = Console(stderr=True)
+# soft_wrap: an error is one line however narrow the terminal, never broken mid-sentence.
+err = Console(stderr=True, soft_wrap=True)
+
+
+def fail(message: str, code: int) -> typer.Exit:
+    """Print one `error:` line on stderr (markup-safe, never wrapped); return the Exit to raise."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    return typer.Exit(code)
 
 
 class Target:
-    """Where the daemon listens: flags, else the config file, else the defaults."""
+    """Where the daemon listens: flags, else the config file (the one search order), else the defaults.
+
+    The file is read only when an endpoint is asked for and no flag gave it,
+    so `plan`, `simulate`, or a command given both endpoints, never trip over
+    a config file they do not need.
+    """
 
     def __init__(self, endpoint: str | None, control: str | None, config: Path | None):
-        daemon = cfgmod.DaemonSettings()
-        if config is not None or os.environ.get("DYNBATCHD_CONFIG"):
+        self.config = config
+        self._endpoint, self._control = endpoint, control
+        self._daemon: cfgmod.DaemonSettings | None = None
+
+    def _settings(self) -> cfgmod.DaemonSettings:
+        if self._daemon is None:
+            path = cfgmod.find_config(self.config)
             try:
-                daemon = cfgmod.load(config or os.environ["DYNBATCHD_CONFIG"]).daemon
+                self._daemon = cfgmod.load(path).daemon if path is not None else cfgmod.DaemonSettings()
             except cfgmod.ConfigError as exc:
-                err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-                raise typer.Exit(2)
-        self.endpoint = endpoint or daemon.listen
-        self.control = control or daemon.control
+                raise fail(str(exc), 2) from None
+        return self._daemon
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint or self._settings().listen
+
+    @property
+    def control(self) -> str:
+        return self._control or self._settings().control
 
 
 @app.callback()
 def main_options(ctx: typer.Context,
                  endpoint: Optional[str] = typer.Option(None, envvar="DYNBATCHD_ENDPOINT",
-                                                        help="Request socket (default: from --config, else tcp://127.0.0.1:5555)."),
+                                                        help="Request socket (default: from the config file, "
+                                                             "else tcp://127.0.0.1:5555)."),
                  control: Optional[str] = typer.Option(None, envvar="DYNBATCHD_CONTROL",
-                                                       help="Control socket (default: from --config, else tcp://127.0.0.1:5556)."),
+                                                       help="Control socket (default: from the config file, "
+                                                            "else tcp://127.0.0.1:5556)."),
                  config: Optional[Path] = typer.Option(None, "--config", "-c",
-                                                       help="Read the endpoints from this config file.")) -> None:
+                                                       help="Config file for every command (default: "
+                                                            "$DYNBATCHD_CONFIG, else ./etc/dynbatchd.toml, "
+                                                            "else /etc/dynbatchd/dynbatchd.toml).")) -> None:
     ctx.obj = Target(endpoint, control, config)
 
 
@@ -60,12 +88,28 @@ def _control(ctx: typer.Context, cmd: str, **args: Any) -> Any:
     try:
         return control_call(ctx.obj.control, cmd, **args)
     except DynbatchdError as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(1)
+        raise fail(str(exc), 1) from None
 
 
 def _emit_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+SHOWN_VALUES = 6   # a longer output is summarised in human mode: shape, first values, L2 norm
+
+
+def output_summary(output: Any) -> list[str]:
+    """Lines that describe an output for a person: a long vector as shape, norm and its first values."""
+    values = output if isinstance(output, np.ndarray) else None
+    if values is None and isinstance(output, list) and output and \
+            all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in output):
+        values = np.asarray(output, dtype=np.float64)
+    if values is None or values.size <= SHOWN_VALUES or values.dtype.kind not in "biuf":
+        return [repr(output.tolist() if isinstance(output, np.ndarray) else output)]
+    flat = values.reshape(-1).astype(np.float64)
+    first = ", ".join(f"{v:.4f}" for v in flat[:SHOWN_VALUES])
+    return [f"shape {list(values.shape)} {values.dtype}, L2 norm {float(np.linalg.norm(flat)):.4f} "
+            "(--json prints all)", f"first {SHOWN_VALUES} of {flat.size}: {first}, ..."]
 
 
 @app.command()
@@ -77,17 +121,16 @@ def infer(ctx: typer.Context, model: str, text: str,
           tokens: Optional[int] = typer.Option(None, help="Token count, if known (drives routing)."),
           timeout: float = typer.Option(60.0, help="Seconds to wait for the answer."),
           as_json: bool = JsonOption) -> None:
-    """Send one text to MODEL and print its output with the timing."""
-    client = Client(ctx.obj.endpoint)
+    """Send one text to MODEL and print its output (a long vector summarised) with the timing."""
+    client = Client(ctx.obj.endpoint, timeout=timeout)
     try:
         result = client.infer_result(model, text, tags=tag, deadline_ms=deadline_ms, request_type=request_type,
-                                     user_frequency=user_frequency, tokens=tokens, timeout=timeout)
-    except DynbatchdError as exc:
-        err.print(f"[red]{exc.code}:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(1)
+                                     user_frequency=user_frequency, tokens=tokens)
     except TimeoutError:
-        err.print(f"[red]error:[/red] no answer from {escape(ctx.obj.endpoint)} within {timeout:g} s (is dynbatchd running?)")
-        raise typer.Exit(1)
+        raise fail(f"no answer from {ctx.obj.endpoint} within {timeout:g} s (is dynbatchd running?)", 1) from None
+    except DynbatchdError as exc:
+        err.print(f"[red]{escape(exc.code)}:[/red] {escape(str(exc))}", highlight=False)
+        raise typer.Exit(1) from None
     finally:
         client.close()
     output = result.output.tolist() if hasattr(result.output, "tolist") else result.output
@@ -97,12 +140,14 @@ def infer(ctx: typer.Context, model: str, text: str,
     if as_json:
         _emit_json({"id": result.id, "output": output, "timing": timing})
         return
-    shape = getattr(result.output, "shape", None)
-    out.print(f"[bold]{model}[/bold] output" + (f" shape {list(shape)}" if shape is not None else ""))
-    out.print(output)
+    summary = output_summary(result.output)
+    out.print(Text.assemble((model, "bold"), " output: ", summary[0]))
+    for line in summary[1:]:
+        out.print(Text(line))
     label = " [yellow](SIMULATED device)[/yellow]" if t.simulated else ""
-    out.print(f"channel {t.channel} on {t.device}: queue {timing['queue_ms']:.2f} ms, batch size {t.batch_size}, "
-              f"compute {timing['compute_ms']:.2f} ms, total {timing['total_ms']:.2f} ms{label}", highlight=False)
+    out.print(f"channel {escape(t.channel)} on {escape(t.device)}, batch size {t.batch_size}{label}:\n"
+              f"  queue {timing['queue_ms']:.2f} ms, compute {timing['compute_ms']:.2f} ms, "
+              f"total {timing['total_ms']:.2f} ms", highlight=False)
 
 
 def _window_text(w: dict[str, Any]) -> str:
@@ -115,31 +160,78 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def status_view(data: dict[str, Any]) -> Group:
-    """The status as rich renderables: a header line, the channel and device tables, the cache."""
+# Columns of the status tables: (header, rank, cell). When the terminal is too narrow, the
+# highest rank goes first (the later column of a tie first); rank 0 always stays. --wide keeps all.
+CHANNEL_COLUMNS: list[tuple[str, int, Any]] = [
+    ("channel", 0, lambda n, c: n),
+    ("queue", 1, lambda n, c: str(c["queue_depth"])),
+    ("batches", 5, lambda n, c: str(c["batches"])),
+    ("size", 2, lambda n, c: f"{c['mean_batch']:.1f}/{c['max_batch']}"),
+    ("fill", 5, lambda n, c: _pct(c["fill_rate"])),
+    ("p50 ms", 4, lambda n, c: f"{c['p50_ms']:.1f}"),
+    ("p99 ms", 1, lambda n, c: f"{c['p99_ms']:.1f}"),
+    ("overload", 3, lambda n, c: str(c["rejected"]["overloaded"])),
+    ("refused", 6, lambda n, c: str(c["rejected"]["refused"])),
+    ("missed", 2, lambda n, c: str(c["deadline_misses"])),
+    ("window", 3, lambda n, c: _window_text(c["window"])),
+]
+DEVICE_COLUMNS: list[tuple[str, int, Any]] = [
+    ("device", 0, lambda w: w["device"] + (" (simulated)" if w["simulated"] else "")),
+    ("pid", 5, lambda w: str(w["pid"])),
+    ("state", 1, lambda w: w["state"]),
+    ("in flight", 3, lambda w: str(w["inflight"])),
+    ("batches", 4, lambda w: str(w["batches"])),
+    ("items", 5, lambda w: str(w["items"])),
+    ("busy", 2, lambda w: _pct(w["busy_fraction"])),
+    ("restarts", 2, lambda w: str(w["restarts"])),
+]
+LEFT = {"channel", "window", "device", "state"}
+
+
+def fitted_table(title: str, columns: list[tuple[str, int, Any]], rows: list[tuple], console: Console,
+                 width: int | None) -> Table:
+    """A table of `rows` (each the arguments of every cell function) that fits `width` columns.
+
+    Columns are dropped, lowest priority first, until the table's natural width
+    fits; a caption says how many are hidden. `width` None keeps every column.
+    """
+    kept = list(columns)
+    drop_order = sorted((c for c in columns if c[1] > 0), key=lambda c: (-c[1], -columns.index(c)))
+
+    def build(cols: list, hidden: int) -> Table:
+        table = Table(title=title, caption=f"{hidden} columns hidden: --wide shows all" if hidden else None)
+        for header, _, _ in cols:
+            table.add_column(header, justify="left" if header in LEFT else "right", no_wrap=True)
+        for args in rows:
+            table.add_row(*(cell(*args) for _, _, cell in cols))
+        return table
+
+    unbounded = console.options.update_width(1 << 16)   # the table's natural width, not one clamped to the console
+
+    def natural(table: Table) -> int:
+        return Measurement.get(console, unbounded, table).maximum
+
+    table = build(kept, 0)
+    while width is not None and drop_order and natural(table) > width:
+        kept.remove(drop_order.pop(0))
+        table = build(kept, len(columns) - len(kept))
+    return table
+
+
+def status_view(data: dict[str, Any], console: Console | None = None, wide: bool = False) -> Group:
+    """The status as rich renderables: a header line, the channel and device tables, the cache.
+
+    Fits the console's width (columns dropped by priority) unless `wide`.
+    """
+    console = console or out
+    width = None if wide else console.width
     d = data["daemon"]
     parts: list[Any] = [Text.assemble((f"dynbatchd {d['version']}", "bold"), f" pid {d['pid']} ",
                                       (d["state"], "green"),
                                       f" up {d['uptime_s']:.0f} s, {d['listen']}  bad requests {d['bad_requests']}",
                                       f"  health {d['health']['score']:.2f}" if "health" in d else "")]
-    table = Table(title="channels")
-    for col in ("channel", "queue", "batches", "size", "fill", "p50 ms", "p99 ms", "overload", "refused",
-                "missed", "window"):
-        table.add_column(col, justify="left" if col in ("channel", "window") else "right", no_wrap=True)
-    for name, c in data["channels"].items():
-        table.add_row(name, str(c["queue_depth"]), str(c["batches"]), f"{c['mean_batch']:.1f}/{c['max_batch']}",
-                      _pct(c["fill_rate"]), f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
-                      str(c["rejected"]["overloaded"]), str(c["rejected"]["refused"]),
-                      str(c["deadline_misses"]), _window_text(c["window"]))
-    parts.append(table)
-    dev = Table(title="devices")
-    for col in ("device", "pid", "state", "in flight", "batches", "items", "busy", "restarts"):
-        dev.add_column(col, justify="left" if col in ("device", "state") else "right")
-    for w in data["devices"]:
-        name = w["device"] + (" (simulated)" if w["simulated"] else "")
-        dev.add_row(name, str(w["pid"]), w["state"], str(w["inflight"]), str(w["batches"]), str(w["items"]),
-                    _pct(w["busy_fraction"]), str(w["restarts"]))
-    parts.append(dev)
+    parts.append(fitted_table("channels", CHANNEL_COLUMNS, list(data["channels"].items()), console, width))
+    parts.append(fitted_table("devices", DEVICE_COLUMNS, [(w,) for w in data["devices"]], console, width))
     if data.get("cache"):
         c = data["cache"]
         parts.append(Text(f"cache: {c['entries']}/{c['capacity']} entries, hit rate {_pct(c['hit_rate'])}, "
@@ -147,25 +239,43 @@ def status_view(data: dict[str, Any]) -> Group:
     return Group(*parts)
 
 
+def _print_status(view: Group, wide: bool) -> None:
+    if wide:   # as wide as the tables need, even past the terminal's edge
+        need = Measurement.get(out, out.options.update_width(1 << 16), view).maximum
+        Console(file=out.file, width=max(out.width, need), color_system=out.color_system and "auto",
+                force_terminal=out.is_terminal).print(view)
+    else:
+        out.print(view)
+
+
 @app.command()
 def status(ctx: typer.Context, as_json: bool = JsonOption,
            watch: Optional[float] = typer.Option(None, "--watch", "-w", min=0.2,
-                                                 help="Refresh every SECONDS until interrupted.")) -> None:
-    """Per-channel queues and batching, per-device workers."""
+                                                 help="Refresh every SECONDS until interrupted (one plain "
+                                                      "frame per interval when not on a terminal)."),
+           once: bool = typer.Option(False, "--once", help="Print one frame and exit, even with --watch."),
+           wide: bool = typer.Option(False, "--wide", help="Show every column, however wide the table.")) -> None:
+    """Per-channel queues and batching, per-device workers (fits the terminal; --wide shows all)."""
     data = _control(ctx, "status")
     if as_json:
         _emit_json(data)
         return
-    if watch is None:
-        out.print(status_view(data))
+    if watch is None or once:
+        _print_status(status_view(data, wide=wide), wide)
         return
-    with Live(status_view(data), console=out, refresh_per_second=4) as live:
-        try:
+    try:
+        if not out.is_terminal:   # a pipe or a log: no cursor tricks, one frame per interval
+            while True:
+                out.print(Text(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}", style="dim"))
+                _print_status(status_view(data, wide=wide), wide)
+                time.sleep(watch)
+                data = _control(ctx, "status")
+        with Live(status_view(data, wide=wide), console=out, refresh_per_second=4) as live:
             while True:
                 time.sleep(watch)
-                live.update(status_view(_control(ctx, "status")))
-        except KeyboardInterrupt:
-            pass
+                live.update(status_view(_control(ctx, "status"), wide=wide))
+    except KeyboardInterrupt:
+        pass
 
 
 @app.command()
@@ -187,33 +297,54 @@ def plugins(ctx: typer.Context, as_json: bool = JsonOption) -> None:
         out.print(f"[red]broken plugin {escape(name)}:[/red] {escape(why)}", highlight=False)
 
 
+TUNE_HELP = {
+    "max_batch": "Largest batch cut from the channel (1 to 65536).",
+    "window_ms": "Longest wait for a batch to fill, in ms (0 to the channel's deadline).",
+    "deadline_ms": "Default deadline of the channel's requests, in ms (> 0, at most one day).",
+    "queue_limit": "Requests the channel may hold before answering overloaded (1 to 16777216).",
+    "max_tokens": "Cap on the tokens of one batch (0: none).",
+    "min_share": "Share of dispatches the channel is guaranteed under overload (0 to 1).",
+}
+
+
 @app.command()
-def tune(ctx: typer.Context, channel: str,
-         max_batch: Optional[int] = typer.Option(None, min=1), window_ms: Optional[float] = typer.Option(None, min=0),
-         deadline_ms: Optional[float] = typer.Option(None, min=0.001), queue_limit: Optional[int] = typer.Option(None, min=1),
-         max_tokens: Optional[int] = typer.Option(None, min=0),
-         min_share: Optional[float] = typer.Option(None, min=0, max=1),
-         as_json: bool = JsonOption) -> None:
+def tune(ctx: typer.Context, channel: str = typer.Argument(..., help="The channel to change."),
+         max_batch: Optional[int] = typer.Option(None, help=TUNE_HELP["max_batch"]),
+         window_ms: Optional[float] = typer.Option(None, help=TUNE_HELP["window_ms"]),
+         deadline_ms: Optional[float] = typer.Option(None, help=TUNE_HELP["deadline_ms"]),
+         queue_limit: Optional[int] = typer.Option(None, help=TUNE_HELP["queue_limit"]),
+         max_tokens: Optional[int] = typer.Option(None, help=TUNE_HELP["max_tokens"]),
+         min_share: Optional[float] = typer.Option(None, help=TUNE_HELP["min_share"]),
+         as_json: bool = typer.Option(False, "--json", help="Print all of the channel's settings after the change.")
+         ) -> None:
     """Change one channel's batching at run time (checked like a config file; not saved to disk)."""
     changes = {k: v for k, v in dict(max_batch=max_batch, window_ms=window_ms, deadline_ms=deadline_ms,
                                       queue_limit=queue_limit, max_tokens=max_tokens, min_share=min_share).items()
                if v is not None}
     if not changes:
-        err.print("[red]error:[/red] give at least one setting, e.g. --window-ms 20")
-        raise typer.Exit(2)
+        raise fail("give at least one setting, e.g. --window-ms 20", 2)
+    try:   # the ranges of a config file, here, so a value msgpack cannot even carry is one clear line
+        cfgmod.check_channel_values(channel, changes)
+    except cfgmod.ConfigError as exc:
+        raise fail(f"refused: {exc.key}: {exc.rule}", 2) from None
     data = _control(ctx, "tune", channel=channel, **changes)
     if as_json:
         _emit_json(data)
     else:
-        out.print(f"channel [bold]{channel}[/bold] now: " + ", ".join(f"{k}={data[k]}" for k in changes), highlight=False)
+        out.print(f"channel [bold]{escape(channel)}[/bold] now: " + ", ".join(f"{k}={data[k]}" for k in changes),
+                  highlight=False)
 
 
 @app.command()
-def reload(ctx: typer.Context) -> None:
+def reload(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help='Print {"needs_restart": [...]}.')
+           ) -> None:
     """Re-read the daemon's config file (same as SIGHUP); a refused file leaves the old one running."""
     data = _control(ctx, "reload")
+    if as_json:
+        _emit_json(data)
+        return
     pending = data["needs_restart"]
-    out.print("reloaded" + (f"; restart needed to change: {', '.join(pending)}" if pending else ""))
+    out.print("reloaded" + (f"; restart needed to change: {', '.join(pending)}" if pending else ""), highlight=False)
 
 
 @app.command("config")
@@ -224,10 +355,15 @@ def show_config(ctx: typer.Context) -> None:
 
 @app.command()
 def warmup(ctx: typer.Context,
-           top_users: int = typer.Option(10_000, "--top-users", min=1, help="How many of the most active users."),
+           top_users: int = typer.Option(10_000, "--top-users", min=1, max=cfgmod.MAX_TOKENS,
+                                         help="How many of the most active users."),
            model: Optional[str] = typer.Option(None, help="Only this model (default: every model)."),
            as_json: bool = JsonOption) -> None:
     """Precompute the top users' inputs into the result cache (run it from cron, off-peak).
+
+    Exits 1 when the daemon refuses (the cache is off, no such model) or when
+    no warmup plugin named a single input (no source set, or it is missing,
+    empty or malformed: the daemon's log says which).
 
     Example crontab line: 0 3 * * * dynbatchctl warmup --top-users 10000
     """
@@ -237,13 +373,21 @@ def warmup(ctx: typer.Context,
     else:
         out.print(f"queued {data['queued']} inputs for warmup ({data['already_cached']} already cached, "
                   f"backlog {data['backlog']})", highlight=False)
+    if not data.get("queued") and not data.get("already_cached"):
+        reason = data.get("reason") or ("no warmup plugin named any input: is [plugins.warmup] source set, "
+                                        "and is the file there and in JSON lines? (the daemon's log says why)")
+        raise fail(f"nothing to warm up: {reason}", 1)
 
 
 @app.command()
-def stop(ctx: typer.Context) -> None:
+def stop(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help='Print {"state": "draining"}.')
+         ) -> None:
     """Drain and stop the daemon (same as SIGTERM)."""
-    _control(ctx, "stop")
-    out.print("draining")
+    data = _control(ctx, "stop")
+    if as_json:
+        _emit_json(data)
+    else:
+        out.print(data.get("state", "draining") if isinstance(data, dict) else "draining", highlight=False)
 
 
 app.command("plan")(plan)

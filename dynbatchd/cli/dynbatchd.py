@@ -27,14 +27,25 @@ class LogLevel(str, Enum):
 
 app = typer.Typer(help="dynbatchd: dynamic-batching inference daemon behind ZeroMQ.", no_args_is_help=True,
                   add_completion=False)
-err = Console(stderr=True)
+# soft_wrap: an error is one line, however narrow the terminal (grep and journald read it whole).
+err = Console(stderr=True, soft_wrap=True)
 
-ConfigOption = typer.Option(None, "--config", "-c", envvar="DYNBATCHD_CONFIG",
-                            help="TOML config file (default: /etc/dynbatchd/dynbatchd.toml).")
+CONFIG_HELP = ("TOML config file (default: $DYNBATCHD_CONFIG, else ./etc/dynbatchd.toml, "
+               "else /etc/dynbatchd/dynbatchd.toml).")
+ConfigOption = typer.Option(None, "--config", "-c", help=CONFIG_HELP)
+
+
+def fail(message: str, code: int = 2) -> typer.Exit:
+    """Print one `error:` line on stderr (never wrapped, markup-safe); return the Exit to raise."""
+    err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
+    return typer.Exit(code)
 
 
 def _config_path(path: Path | None) -> Path:
-    return path or Path(cfgmod.DEFAULT_CONFIG_PATHS[0])
+    found = cfgmod.find_config(path)
+    if found is None:
+        raise fail(f"no config file found (searched {cfgmod.search_order_text()})")
+    return found
 
 
 def load_checked(path: Path) -> tuple[cfgmod.Config, Plugins]:
@@ -46,8 +57,7 @@ def load_checked(path: Path) -> tuple[cfgmod.Config, Plugins]:
         config = cfgmod.load(path)
         validate_config(config, plugins)
     except (ConfigError, PluginError) as exc:
-        err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
-        raise typer.Exit(2)
+        raise fail(str(exc)) from None
     return config, plugins
 
 
@@ -77,8 +87,10 @@ def start(config: Path = ConfigOption,
 
 
 @app.command("check-config")
-def check_config(path: Path = typer.Argument(..., help="TOML config file to check.")) -> None:
-    """Validate a config file (structure, references, compliance rules) without starting."""
+def check_config(path: Optional[Path] = typer.Argument(None, help="TOML config file to check (default: "
+                                                                  "the file `start` would read).")) -> None:
+    """Validate a config file (structure, references, runner options, compliance rules) without starting."""
+    path = _config_path(path)
     cfg, _ = load_checked(path)
     Console().print(f"[green]ok[/green] {path}: {len(cfg.channels)} channels, {len(cfg.models)} models, "
                     f"{len(cfg.routing.rules)} routing rules", highlight=False)

@@ -2,15 +2,15 @@
 
 No daemon is needed. The model's dimensions come from its own config.json
 (the model named in the config file, or a model directory given directly);
-device memory from ``--memory-gb``, else NVML (GPU ``--gpu``), else the
-config's ``devices.memory_gb``. Memory figures are GiB (2^30 bytes), as GPU
+device memory from ``--memory-gb`` (which wins), else NVML (GPU ``--gpu``),
+else the config's ``devices.memory_gb``. The config file is found as every
+command finds it (`dynbatchd.config.find_config`). Memory figures are GiB (2^30 bytes), as GPU
 vendors count them. The model is `dynbatchd.scheduler.sizing.plan_memory`.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any, Optional
@@ -24,23 +24,9 @@ from dynbatchd import config as cfgmod
 from dynbatchd.scheduler.sizing import GIB, MemoryPlan, model_dims, plan_memory, read_model_config
 from dynbatchd.scheduler.sizing import fmt_bytes as _size
 
-LOCAL_CONFIG = Path("etc/dynbatchd.toml")
-
 
 class PlanError(Exception):
     """Something the operator must fix; printed as one line."""
-
-
-def find_config(explicit: Path | None) -> Path | None:
-    """--config, else $DYNBATCHD_CONFIG, else the installed or the source-tree config, else none."""
-    if explicit is not None:
-        return explicit
-    if os.environ.get("DYNBATCHD_CONFIG"):
-        return Path(os.environ["DYNBATCHD_CONFIG"])
-    for candidate in (*map(Path, cfgmod.DEFAULT_CONFIG_PATHS), LOCAL_CONFIG):
-        if candidate.is_file():
-            return candidate
-    return None
 
 
 def nvml_memory(index: int) -> tuple[str, int] | None:
@@ -73,7 +59,7 @@ def resolve_model(cfg: cfgmod.Config | None, model: str | None) -> tuple[str, Pa
         name = model or next(iter(cfg.models))
         settings = cfg.models[name]
         opts = settings.options
-        cap = opts.get("max_tokens", opts.get("seq_len"))
+        cap = opts.get("max_tokens")
         if opts.get("path"):
             return name, Path(opts["path"]), cap
         if settings.runner == "sentence-embedding":
@@ -121,7 +107,7 @@ def channel_rows(cfg: cfgmod.Config | None, mp: MemoryPlan) -> list[dict[str, An
 def build_plan(config: Path | None, model: str | None, memory_gb: float | None, seq_len: int | None,
                dtype: str | None, headroom: float, reserve_gb: float | None, gpu: int) -> dict[str, Any]:
     """Everything `plan` prints, as data."""
-    path = find_config(config)
+    path = cfgmod.find_config(config)
     try:
         cfg = cfgmod.load(path) if path is not None else None
     except cfgmod.ConfigError as exc:
@@ -168,14 +154,17 @@ def render(data: dict[str, Any], console: Console) -> None:
                   f"{mem['guide_max_batch']}.[/dim]", highlight=False)
 
 
-def plan(config: Optional[Path] = typer.Option(None, "--config", "-c",
-                                               help="Config file (default: $DYNBATCHD_CONFIG, "
-                                                    "/etc/dynbatchd/dynbatchd.toml, ./etc/dynbatchd.toml)."),
+def plan(ctx: typer.Context,
+         config: Optional[Path] = typer.Option(None, "--config", "-c",
+                                               help="Config file (default: dynbatchctl --config, else "
+                                                    "$DYNBATCHD_CONFIG, ./etc/dynbatchd.toml, "
+                                                    "/etc/dynbatchd/dynbatchd.toml)."),
          model: Optional[str] = typer.Option(None, "--model", "-m",
                                              help="A model of the config, or a model directory / config.json "
                                                   "(default: the config's first model)."),
          memory_gb: Optional[float] = typer.Option(None, "--memory-gb", min=0.0,
-                                                   help="Device memory in GiB (default: NVML, else devices.memory_gb)."),
+                                                   help="Device memory in GiB; wins over NVML (default: NVML, "
+                                                        "else devices.memory_gb)."),
          seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1,
                                                help="Tokens per request (default: the runner's max_tokens, "
                                                     "else max_position_embeddings)."),
@@ -187,10 +176,11 @@ def plan(config: Optional[Path] = typer.Option(None, "--config", "-c",
          gpu: int = typer.Option(0, "--gpu", min=0, help="NVML index of the GPU to plan for."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Max batch per channel for a model on a device, from the model's config.json, with the arithmetic shown."""
+    config = config or getattr(ctx.obj, "config", None)   # the global dynbatchctl --config
     try:
         data = build_plan(config, model, memory_gb, seq_len, dtype, headroom, reserve_gb, gpu)
     except PlanError as exc:
-        Console(stderr=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")

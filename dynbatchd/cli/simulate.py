@@ -19,8 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from dynbatchd import config as cfgmod
-from dynbatchd.plugins import Plugins
+from dynbatchd.plugins import PluginError, Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv, simulate as run_simulation
+from dynbatchd.validation import validate_config
 
 SECOND = 1_000_000_000
 # The guide's test mix, short:medium:long = 7:2:1, as (weight, low, high) token ranges.
@@ -63,9 +64,11 @@ def device_model(cfg: cfgmod.Config, base_ms: float | None, per_item_ms: float |
     return DeviceModel.from_options(options)
 
 
-def simulate(config: Optional[Path] = typer.Option(None, "--config", "-c", envvar="DYNBATCHD_CONFIG",
+def simulate(ctx: typer.Context,
+             config: Optional[Path] = typer.Option(None, "--config", "-c",
                                                    help="Config whose channels and routing to simulate "
-                                                        "(default: ./etc/dynbatchd.toml)."),
+                                                        "(default: dynbatchctl --config, else $DYNBATCHD_CONFIG, "
+                                                        "./etc/dynbatchd.toml, /etc/dynbatchd/dynbatchd.toml)."),
              rate: float = typer.Option(500.0, "--rate", min=0.001, help="Offered requests per second (Poisson)."),
              duration: float = typer.Option(30.0, "--duration", min=0.1, help="Seconds of simulated traffic."),
              devices: int = typer.Option(1, "--devices", min=1, help="Simulated devices."),
@@ -86,16 +89,19 @@ def simulate(config: Optional[Path] = typer.Option(None, "--config", "-c", envva
              seed: int = typer.Option(1, "--seed", help="Random seed (the run is deterministic)."),
              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Simulate the config's channels on simulated devices: goodput, p99 and utilisation (SIMULATED)."""
-    err = Console(stderr=True)
-    path = config or Path("etc/dynbatchd.toml")
+    err = Console(stderr=True, soft_wrap=True)   # an error is one line, never wrapped
+    path = cfgmod.find_config(config or getattr(ctx.obj, "config", None))   # or the global dynbatchctl --config
     try:
+        if path is None:
+            raise ValueError(f"no config file found (searched {cfgmod.search_order_text()})")
         cfg = cfgmod.load(path)
+        plugins = Plugins.load()
+        validate_config(cfg, plugins)   # what the daemon would refuse is not simulated either
         arrivals = trace_arrivals(trace, compress) if trace else \
             poisson_arrivals(rate, duration, seed, urgent_share, tokens)
-    except (cfgmod.ConfigError, OSError, KeyError, ValueError) as exc:
+    except (cfgmod.ConfigError, PluginError, OSError, KeyError, ValueError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
-    plugins = Plugins.load()
     model = device_model(cfg, base_ms, per_item_ms, per_token_ms)
     result = run_simulation(cfg.channels, arrivals, device=model, devices=devices,
                             inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms,

