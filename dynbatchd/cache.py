@@ -2,14 +2,17 @@
 
 The e-commerce case: during a peak, low-frequency users crowded the cache
 while top users recomputed. A nightly warmup (``dynbatchctl warmup
---top-users 10000`` from a timer or cron, see systemd/README.md) precomputes the inputs that the warmup plugins
-name, off-peak, so the peak serves them from here.
+--top-users 10000`` from a timer or cron, see systemd/README.md) precomputes
+the inputs that the warmup plugins name, off-peak, so the peak serves them
+from here.
 
-Keys are (model, tenant, text), the tenant None for requests without one:
-one tenant's result never answers another's request, and warmup inputs (which
-carry no tenant) serve only requests without a tenant. Values are the encoded
-output (tensor descriptor plus bytes, or a plain value). Only text inputs are
-cached, and nothing from an isolated channel.
+The cache itself takes any hashable key and keeps any value; the daemon keys
+it by (model, tenant, text), the tenant None for requests without one, so one
+tenant's result never answers another tenant's request, and warmup inputs
+(which carry no tenant) serve only requests without a tenant. It keeps what
+`dynbatchd.devices.batches.freeze` makes of an output: (tensor descriptor,
+bytes) or (plain value, None). Only text inputs are cached, and nothing from
+an isolated channel.
 """
 
 from __future__ import annotations

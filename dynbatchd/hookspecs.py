@@ -181,4 +181,13 @@ def dynbatchd_runners() -> dict[str, Any]:
         Class attribute, False by default: True when the runner models a
         device instead of running one, so every timing it causes is labelled
         simulated.
+
+    Three optional class attributes, which the base class leaves out, let the
+    daemon check ``[models.NAME] options`` at every config check, start and
+    reload without building the runner (`dynbatchd.devices.runners.check_options`):
+    ``OPTIONS = {name: checker}`` declares every option it reads (a checker
+    returns why a value is unusable, or None; an undeclared option is a config
+    error), ``REQUIRED = {name: "how to write it"}`` the ones that must be
+    given, and ``NAME`` how errors call the runner. Without ``OPTIONS`` any
+    option is accepted.
     """

@@ -439,9 +439,16 @@ def test_documented_contract_reads_methods_and_attributes():
 def test_the_runner_hookspec_documents_the_runner_class():
     from dynbatchd.devices.runners import Runner
 
-    documented = documented_contract(inspect.getdoc(hookspecs.dynbatchd_runners))
-    assert documented == public_contract(Runner), "dynbatchd_runners' docstring and the Runner class disagree"
-    assert "dynbatchd.devices.runners.Runner" in inspect.getdoc(hookspecs.dynbatchd_runners)
+    from dynbatchd.devices.runners import check_options
+
+    doc = inspect.getdoc(hookspecs.dynbatchd_runners)
+    assert documented_contract(doc) == public_contract(Runner), "dynbatchd_runners' docstring and Runner disagree"
+    assert "dynbatchd.devices.runners.Runner" in doc
+    # The optional class attributes the daemon reads from a runner class, all explained.
+    optional = set(re.findall(r"getattr\(runner, \"(\w+)\"", inspect.getsource(check_options)))
+    assert optional, "check_options reads no optional attribute: is this test still looking at the right code?"
+    missing = sorted(name for name in optional if f"``{name}" not in doc)
+    assert not missing, f"dynbatchd_runners' docstring does not explain the runner attributes {missing}"
 
 
 def uncommented_keys(text: str) -> list[str]:
