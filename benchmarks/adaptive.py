@@ -290,7 +290,6 @@ def k12_runs(reg: Registry) -> list[tuple[str, dict[str, ChannelSettings], dict[
     for sz in sorted(x for x in reg.sizers if x != "static"):
         runs.append((f"3 channels, sizer {sz}", k12_channels(sizer=sz), {}))
     runs.append(("what-if: fixed, 1 batch in flight", k12_channels(), {"inflight": 1, "what_if": True}))
-    runs.append(("what-if: first design (all slots open, fewest held)", k12_channels(), {"dispatch": "fewest", "what_if": True}))
     runs.append(("what-if: FIFO, 1 batch in flight", k12_fifo(), {**fifo_route, "inflight": 1, "what_if": True}))
     no_share = k12_channels()
     no_share["bulk"] = msgspec.structs.replace(no_share["bulk"], min_share=0.0)

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dynbatchd.simulate import Arrival, read_trace_csv
+from dynbatchd.simulate import Arrival, mix_tokens, poisson_times, read_trace_csv
 
 SECOND = 1_000_000_000
 REPO = Path(__file__).resolve().parent.parent
@@ -42,25 +42,6 @@ class Trace:
         raise KeyError(name)
 
 
-def poisson(rng: random.Random, rate_rps: float, start_ns: int, end_ns: int) -> list[int]:
-    """Poisson arrival times in [start, end)."""
-    out, t = [], float(start_ns)
-    while True:
-        t += rng.expovariate(rate_rps) * SECOND
-        if t >= end_ns:
-            return out
-        out.append(int(t))
-
-
-def mix_tokens(rng: random.Random) -> tuple[str, int]:
-    """The guide's test mix: short:medium:long = 7:2:1."""
-    u = rng.random()
-    if u < 0.7:
-        return "short", rng.randint(16, 512)
-    if u < 0.9:
-        return "medium", rng.randint(513, 2048)
-    return "long", rng.randint(2049, 8192)
-
 
 def phased(*, low_rps: float = 300.0, burst_factor: float = 4.0, medium_rps: float = 600.0,
            seconds: tuple[float, float, float] = (4.0, 2.0, 4.0), seed: int = 1) -> Trace:
@@ -70,7 +51,7 @@ def phased(*, low_rps: float = 300.0, burst_factor: float = 4.0, medium_rps: flo
     arrivals, phases, t = [], [], 0
     for (name, rate), secs in zip(rates, seconds):
         end = t + int(secs * SECOND)
-        for at in poisson(rng, rate, t, end):
+        for at in poisson_times(rng, rate, t, end):
             size, tokens = mix_tokens(rng)
             arrivals.append(Arrival(at, tokens))
         phases.append((name, t, end))
@@ -97,7 +78,7 @@ def k12_surge(*, base_rps: float = 330.0, surge_factor: float = 4.0, before_s: f
     arrivals, phases, t = [], [], 0
     for name, rate, secs in spans:
         end = t + int(secs * SECOND)
-        for at in poisson(rng, rate, t, end):
+        for at in poisson_times(rng, rate, t, end):
             if rng.random() < long_share:
                 tokens, tags, label = rng.randint(10_001, 14_000), (), "bulk"
             elif rng.random() < urgent_share:

@@ -112,6 +112,7 @@ class Engine:
         self.stopped = False
         self.memory_used = 0.0   # fullest device's memory use (0..1), as last observed
         self._keys = 0
+        self.polls = 0           # scheduling passes asked of the scheduler (a cost figure)
         self._wakeup: int | None = None
         self._rotated_ns = now_ns
 
@@ -191,6 +192,7 @@ class Engine:
         while True:   # each placement may open that device's next slot: ask again until none opens
             free, busy = open_slots(views, now_ns, self.inflight, self.lead_ns)
             decision = self.scheduler.poll(now_ns, free, busy)
+            self.polls += 1
             for item in decision.expired:
                 self._fail(item, P.DEADLINE_EXCEEDED, "deadline passed before the request could run", now_ns, answers)
             placed = 0

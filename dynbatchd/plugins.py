@@ -110,6 +110,15 @@ class Plugins:
     def has_admission_checks(self) -> bool:
         return self._admission_hooks
 
+    def channel_for(self, request: RequestInfo, config: Any) -> str:
+        """The routing hook's answer, or the default channel when it names none that exists
+        (the daemon and the simulator route through this one call)."""
+        channel = self.route(request, config)
+        if channel not in config.channels:
+            log.error("routing named unknown channel %r; using %r", channel, config.routing.default)
+            channel = config.routing.default
+        return channel
+
     def admit(self, request: RequestInfo, channel: str, config: Any) -> str | None:
         if self._admit_impls is None:
             answers = self.pm.hook.dynbatchd_admit(request=request, channel=channel, config=config)

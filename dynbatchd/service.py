@@ -31,7 +31,7 @@ from dynbatchd.control.server import ControlServer
 from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, freeze
 from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, detect_devices
-from dynbatchd.engine import OK, Answer, Engine, Job
+from dynbatchd.engine import OK, Engine, Job
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.metrics import render as render_metrics, serve as serve_metrics
 from dynbatchd.plugins import Plugins
@@ -179,10 +179,7 @@ class Daemon:
         tokens = P.estimate_tokens(request)
         info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
                            tokens, request.priority, request.tenant, request.user)
-        channel = self.plugins.route(info, config)
-        if channel not in config.channels:
-            log.error("routing named unknown channel %r; using %r", channel, config.routing.default)
-            channel = config.routing.default
+        channel = self.plugins.channel_for(info, config)
         if self.plugins.has_admission_checks:
             reason = self.plugins.admit(info, channel, config)
             if reason:

@@ -90,6 +90,30 @@ class LatencyRecorder:
         return self._previous.add(self._current)
 
 
+# -- the figures: one definition each, for status, /metrics, simulate and the benchmarks ------
+
+def on_time_fraction(on_time: int, offered: int) -> float:
+    """Requests answered successfully within their deadline, over every request offered:
+    an `overloaded`, expired or failed request is a miss (shedding load never scores)."""
+    return on_time / offered if offered else 1.0
+
+
+def goodput_rps(on_time: int, span_s: float) -> float:
+    """On-time successful answers per second."""
+    return on_time / span_s if span_s > 0 else 0.0
+
+
+def fill_rate(fill_sum: float, batches: int) -> float:
+    """Mean of size / max_batch over the batches cut (warmup batches are not counted)."""
+    return fill_sum / batches if batches else 0.0
+
+
+def scheduling_efficiency(compute_ns: int, wait_ns: int) -> float:
+    """Share of a dispatched request's time spent computing rather than waiting to be batched."""
+    busy = compute_ns + wait_ns
+    return compute_ns / busy if busy else 0.0
+
+
 @dataclass(slots=True)
 class ChannelStats:
     accepted: int = 0
@@ -109,12 +133,17 @@ class ChannelStats:
     warmup_items: int = 0
     latency: LatencyRecorder = field(default_factory=LatencyRecorder)
 
+    def on_time(self) -> int:
+        return self.completed - self.late + self.cache_hits
+
+    def offered(self) -> int:
+        """Requests answered so far, but the refused (a policy's verdict, not the daemon's performance)."""
+        return self.completed + self.cache_hits + self.expired + self.failed + self.overloaded
+
     def on_time_fraction(self) -> float:
-        answered = self.completed + self.expired + self.failed
-        return 1.0 if not answered else (self.completed - self.late) / answered
+        return on_time_fraction(self.on_time(), self.offered())
 
     def snapshot(self, depth: int, max_batch: int, policy: dict[str, Any]) -> dict[str, Any]:
-        busy = self.wait_ns + self.compute_ns
         return {
             "queue_depth": depth,
             "max_batch": max_batch,
@@ -122,7 +151,7 @@ class ChannelStats:
             "completed": self.completed,
             "batches": self.batches,
             "mean_batch": self.batched_items / self.batches if self.batches else 0.0,
-            "fill_rate": self.fill_sum / self.batches if self.batches else 0.0,
+            "fill_rate": fill_rate(self.fill_sum, self.batches),
             **_quantiles_ms(self.latency.recent()),
             "lifetime": _quantiles_ms(self.latency.lifetime),
             "rejected": {"overloaded": self.overloaded, "refused": self.refused},
@@ -131,7 +160,9 @@ class ChannelStats:
             "late": self.late,
             "failed": self.failed,
             "on_time": self.on_time_fraction(),
-            "scheduling_efficiency": self.compute_ns / busy if busy else 0.0,
+            "on_time_count": self.on_time(),
+            "offered": self.offered(),
+            "scheduling_efficiency": scheduling_efficiency(self.compute_ns, self.wait_ns),
             "cache_hits": self.cache_hits,
             "warmup": {"batches": self.warmup_batches, "items": self.warmup_items},
             "window": policy,
@@ -175,13 +206,13 @@ def daemon_health(channels: dict[str, dict[str, Any]], deadlines_ms: dict[str, f
                   devices: list[dict[str, Any]], memory_used: float) -> dict[str, float]:
     """The health score for `status`, from its own channel and device snapshots.
 
-    QPS is taken against its target as the share of answered requests that met
-    their deadline; P99 against the channel's deadline (the worst channel
+    QPS is taken against its target as the on-time fraction (`on_time_fraction`);
+    P99 against the channel's deadline (the worst channel
     counts); utilisation as the devices' mean busy fraction; memory headroom as
     1 − the fullest device's memory use (1 where it is unknown, as on CPU).
     """
-    answered = sum(c["completed"] + c["expired"] + c["failed"] for c in channels.values())
-    on_time = sum(c["completed"] - c["late"] for c in channels.values()) / answered if answered else 1.0
+    on_time = on_time_fraction(sum(c["on_time_count"] for c in channels.values()),
+                               sum(c["offered"] for c in channels.values()))
     worst = min(((deadlines_ms[n], c["p99_ms"]) for n, c in channels.items() if c["p99_ms"] > 0),
                 key=lambda pair: pair[0] / pair[1], default=(1.0, 0.0))
     util = sum(d["busy_fraction"] for d in devices) / len(devices) if devices else 0.0

@@ -69,8 +69,8 @@ def test_health_score_normalises_each_term_before_weighting():
     # The guide adds raw QPS, 1/P99, utilisation and headroom; normalised, a perfect daemon scores 1.
     assert health_score(1.0, 1.0, 50.0, 100.0, 1.0, 1.0) == 1.0
     # p99 at twice the deadline halves the p99 term: 0.4 + 0.3 * 0.5 + 0.2 * 0.5 + 0.1 * 1.
-    channels = {"rt": {"completed": 98, "late": 0, "expired": 2, "failed": 0, "p99_ms": 400.0},
-                "std": {"completed": 100, "late": 0, "expired": 0, "failed": 0, "p99_ms": 100.0}}
+    channels = {"rt": {"on_time_count": 98, "offered": 100, "p99_ms": 400.0},
+                "std": {"on_time_count": 100, "offered": 100, "p99_ms": 100.0}}
     h = daemon_health(channels, {"rt": 200.0, "std": 1000.0}, [{"busy_fraction": 0.5}], memory_used=0.0)
     assert h["on_time"] == 0.99 and h["p99_over_deadline"] == 2.0
     assert h["score"] == round(0.4 * 0.99 + 0.3 * 0.5 + 0.2 * 0.5 + 0.1 * 1.0, 4)

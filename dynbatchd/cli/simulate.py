@@ -20,12 +20,10 @@ from rich.table import Table
 
 from dynbatchd import config as cfgmod
 from dynbatchd.plugins import PluginError, Plugins
-from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv, simulate as run_simulation
+from dynbatchd.simulate import Arrival, DeviceModel, mix_tokens, read_trace_csv, simulate as run_simulation
 from dynbatchd.validation import validate_config
 
 SECOND = 1_000_000_000
-# The guide's test mix, short:medium:long = 7:2:1, as (weight, low, high) token ranges.
-GUIDE_MIX = ((7, 32, 512), (2, 512, 2048), (1, 2048, 12_000))
 
 
 def poisson_arrivals(rate_rps: float, duration_s: float, seed: int, urgent_share: float,
@@ -36,11 +34,7 @@ def poisson_arrivals(rate_rps: float, duration_s: float, seed: int, urgent_share
         t += rng.expovariate(rate_rps)
         if t >= duration_s:
             return out
-        if tokens is None:
-            _, lo, hi = rng.choices(GUIDE_MIX, weights=[w for w, _, _ in GUIDE_MIX])[0]
-            n = rng.randint(lo, hi)
-        else:
-            n = tokens
+        n = mix_tokens(rng)[1] if tokens is None else tokens
         tags = ("urgent",) if rng.random() < urgent_share else ()
         out.append(Arrival(int(t * SECOND), n, tags=tags))
 

@@ -28,6 +28,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dynbatchd.devices.execution import OutOfMemory  # raised by runners, handled by execute
+
 MAX_MS = 86_400_000.0          # as dynbatchd.config.MAX_MS: one day
 MAX_COUNT = 2**31 - 1
 
@@ -73,10 +75,6 @@ def target(value: Any) -> str | None:
     if isinstance(value, str) and _TARGET_RE.match(value):
         return None
     return f'expected "module:function", got {value!r}'
-
-
-class OutOfMemory(Exception):
-    """The batch did not fit in device memory."""
 
 
 def check_options(runner: type, options: dict[str, Any]) -> None:
@@ -152,22 +150,16 @@ class SimulatedRunner(Runner):
 
     def __init__(self, device, options):
         super().__init__(device, options)
-        self.base_s = float(options.get("base_ms", 8.0)) / 1000
-        self.per_item_s = float(options.get("per_item_ms", 0.5)) / 1000
-        self.per_token_s = float(options.get("per_token_ms", 0.0)) / 1000
-        self.memory_items = int(options.get("memory_items", 0))
-        self.memory_tokens = int(options.get("memory_tokens", 0))
-        self.oom_s = float(options.get("oom_ms", 0.0)) / 1000
+        from dynbatchd.simulate.devices import DeviceModel
 
-    def latency_s(self, size: int, tokens: int) -> float:
-        return self.base_s + self.per_item_s * size + self.per_token_s * tokens
+        self.model = DeviceModel.from_options(options)
 
     def run(self, inputs, tokens):
-        total = sum(tokens)
-        if (self.memory_items and len(inputs) > self.memory_items) or (self.memory_tokens and total > self.memory_tokens):
-            time.sleep(self.oom_s)
-            raise OutOfMemory(f"simulated device memory exceeded by {len(inputs)} items / {total} tokens")
-        time.sleep(self.latency_s(len(inputs), total))
+        try:
+            time.sleep(self.model.attempt_ns(len(inputs), sum(tokens)) / 1e9)
+        except OutOfMemory:
+            time.sleep(self.model.oom_ms / 1000)
+            raise
         out = np.empty((len(inputs), 2), dtype=np.float32)
         for i, (item, tok) in enumerate(zip(inputs, tokens)):
             out[i, 0] = len(item) if isinstance(item, (str, np.ndarray, list)) else 0

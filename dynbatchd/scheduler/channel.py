@@ -236,7 +236,7 @@ class Channel:
         self.depth -= len(items)
         self._rate = self.drain_rate(now_ns) + len(items) / self.RATE_TAU_NS
         self._rate_at = now_ns
-        if len(items) < limit:   # a batch that could not be filled: the channel is keeping up
+        if len(items) < limit or not self.depth:   # not filled, or nothing left: the channel keeps up
             self._backlogged_since = None
         stats = self.stats
         if lane.warmup:   # optional work: it must not flatter or spoil the live fill figures

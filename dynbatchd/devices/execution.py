@@ -1,0 +1,86 @@
+"""Running one batch on a runner, so that one bad input never costs the others their answers.
+
+Inputs the runner's `check` refuses are answered alone (bad_request); a batch
+that fails is split in halves until the failing inputs are found, and an
+out-of-memory is reported so the channel's sizer can shrink. The worker
+process runs this on real runners; the simulator runs it on a
+`VirtualRunner`, so both bisect exactly alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("dynbatchd.worker")
+
+
+class OutOfMemory(Exception):
+    """The batch did not fit in device memory (runners raise it; the batch is then split)."""
+
+
+class Execution:
+    """The outcome of one batch: per-item outputs or errors, and whether memory ran out."""
+
+    def __init__(self, n: int):
+        self.outputs: list[Any] = [None] * n
+        self.errors: dict[int, str] = {}
+        self.rejected: dict[int, str] = {}   # refused by the runner's check: the client's input is wrong
+        self.oom = False
+        self.batch: np.ndarray | list[Any] | None = None  # the whole batch's outputs, when it ran in one go
+
+
+def execute(runner: Any, inputs: list[Any], tokens: list[int], model: str) -> Execution:
+    result = Execution(len(inputs))
+    for i, item in enumerate(inputs):
+        problem = runner.check(item)
+        if problem:
+            result.errors[i] = result.rejected[i] = problem
+    good = [i for i in range(len(inputs)) if i not in result.errors]
+    if len(good) < len(inputs):
+        _bisect(runner, inputs, tokens, good, result, model)
+        return result
+    try:
+        result.batch = _as_batch(runner.run(inputs, tokens), len(inputs))
+    except Exception as exc:
+        (log.info if isinstance(exc, OutOfMemory) else log.warning)(
+            "model %s failed a batch of %d (%s); isolating the failing inputs", model, len(inputs), type(exc).__name__)
+        _split(runner, inputs, tokens, good, result, model, exc)   # it already failed whole: halves next
+    return result
+
+
+def _as_batch(out: Any, n: int) -> Any:
+    if isinstance(out, np.ndarray):
+        if out.shape[:1] != (n,):
+            raise ValueError(f"runner returned shape {out.shape} for a batch of {n}")
+        return np.ascontiguousarray(out)
+    return list(out)
+
+
+def _bisect(runner, inputs, tokens, idx: list[int], result: Execution, model: str) -> None:
+    """Run `idx`; if that fails, split it (down to the inputs that fail alone)."""
+    if not idx:
+        return
+    try:
+        out = _as_batch(runner.run([inputs[i] for i in idx], [tokens[i] for i in idx]), len(idx))
+    except Exception as exc:
+        _split(runner, inputs, tokens, idx, result, model, exc)
+        return
+    for j, i in enumerate(idx):
+        result.outputs[i] = out[j]
+
+
+def _split(runner, inputs, tokens, idx: list[int], result: Execution, model: str, failure: Exception) -> None:
+    """`idx` failed together with `failure`: answer a single input, else try each half."""
+    if isinstance(failure, OutOfMemory):
+        result.oom = True
+    if len(idx) == 1:
+        # The exception type only: its text may quote the input, and payloads never reach logs.
+        result.errors[idx[0]] = ("out of device memory for a single input" if isinstance(failure, OutOfMemory)
+                                 else f"model {model} failed on this input ({type(failure).__name__})")
+        return
+    half = len(idx) // 2
+    _bisect(runner, inputs, tokens, idx[:half], result, model)
+    _bisect(runner, inputs, tokens, idx[half:], result, model)

@@ -1,0 +1,20 @@
+"""Discrete-event simulation of dynbatchd on simulated accelerators (every figure SIMULATED).
+
+The daemon's own engine (`dynbatchd.engine`) runs against a virtual clock in
+integer nanoseconds; only the sockets and the workers are replaced:
+
+- `devices`: the latency model shared with the live `simulated` runner;
+- `traces`: arrivals, the trace CSV reader and the guide's token mix;
+- `driver`: the event loop that feeds the engine (`simulate()`);
+- `results`: what a run did, and the figures reports show.
+"""
+
+from dynbatchd.simulate.devices import DeviceModel, VirtualRunner
+from dynbatchd.simulate.driver import SimulationError, rules_router, simulate
+from dynbatchd.simulate.results import (COMPLETED, EXPIRED, FAILED, MS, OUTCOME_NAMES, OVERLOADED, PENDING,
+                                        BatchRecord, GroupStats, SimResult, quantile)
+from dynbatchd.simulate.traces import GUIDE_MIX, Arrival, as_arrival, mix_tokens, poisson_times, read_trace_csv
+
+__all__ = ["Arrival", "BatchRecord", "COMPLETED", "DeviceModel", "EXPIRED", "FAILED", "GUIDE_MIX", "GroupStats",
+           "MS", "OUTCOME_NAMES", "OVERLOADED", "PENDING", "SimResult", "SimulationError", "VirtualRunner",
+           "as_arrival", "mix_tokens", "poisson_times", "quantile", "read_trace_csv", "rules_router", "simulate"]

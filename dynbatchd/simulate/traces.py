@@ -1,0 +1,80 @@
+"""Arrivals to replay: one record type, one CSV reader, one token mix.
+
+Every generator takes a seed, so a replay is deterministic.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+SECOND = 1_000_000_000
+
+# The guide's test mix, short:medium:long = 7:2:1, as (class, weight, fewest tokens, most tokens).
+# Long reaches past 8,192 tokens, where the shipped config routes to the bulk channel.
+GUIDE_MIX = (("short", 7, 16, 512), ("medium", 2, 513, 2048), ("long", 1, 2049, 12_000))
+
+
+@dataclass(slots=True)
+class Arrival:
+    """One request of a trace. `channel` set: it goes there; else routing decides."""
+    at_ns: int
+    tokens: int = 0
+    channel: str | None = None
+    tags: tuple[str, ...] = ()
+    tenant: str | None = None
+    model: str = "sim"
+    deadline_ms: float | None = None   # None: the channel's deadline
+    slo_ms: float | None = None        # what counts as on time; None: the deadline
+    label: str | None = None           # class for reports; None: the channel
+    request_type: str | None = None
+    user_frequency: str | None = None
+    priority: int | None = None
+
+
+def mix_tokens(rng: random.Random) -> tuple[str, int]:
+    """A request size drawn from the guide's 7:2:1 mix: (its class, its tokens)."""
+    name, _, lo, hi = rng.choices(GUIDE_MIX, weights=[w for _, w, _, _ in GUIDE_MIX])[0]
+    return name, rng.randint(lo, hi)
+
+
+def poisson_times(rng: random.Random, rate_rps: float, start_ns: int, end_ns: int) -> list[int]:
+    """Poisson arrival times in [start, end)."""
+    out, t = [], float(start_ns)
+    while True:
+        t += rng.expovariate(rate_rps) * SECOND
+        if t >= end_ns:
+            return out
+        out.append(int(t))
+
+
+def read_trace_csv(path: Any) -> list[tuple[float, int]]:
+    """(seconds since the first request, tokens) per row of a CSV with TIMESTAMP and
+    ContextTokens columns (the Azure LLM inference trace format), in time order."""
+    rows = []
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            # "2023-11-16 18:15:46.6805900": seven fractional digits, more than datetime takes
+            stamp, _, frac = row["TIMESTAMP"].partition(".")
+            at = datetime.fromisoformat(stamp).timestamp() + (float("0." + frac) if frac else 0.0)
+            rows.append((at, int(row["ContextTokens"])))
+    rows.sort()
+    t0 = rows[0][0] if rows else 0.0
+    return [(t - t0, tokens) for t, tokens in rows]
+
+
+def as_arrival(entry: Any) -> Arrival:
+    """An Arrival from an Arrival, or from ``(time_ns, tokens, channel-or-metadata)``."""
+    if isinstance(entry, Arrival):
+        return entry
+    at, tokens, *rest = entry
+    meta = rest[0] if rest else None
+    if meta is None or isinstance(meta, str):
+        return Arrival(int(at), int(tokens), meta)
+    meta = dict(meta)
+    if "tags" in meta:
+        meta["tags"] = tuple(meta["tags"])
+    return Arrival(int(at), int(tokens), **meta)
