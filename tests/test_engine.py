@@ -1,0 +1,257 @@
+"""The engine against a fake clock: what only the daemon's end-to-end tests covered before.
+
+Every test drives `Engine` by hand, playing the part of the sockets and the
+workers, and checks that each accepted request is answered exactly once.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from dynbatchd import protocol as P
+from dynbatchd.cache import ResultCache
+from dynbatchd.config import ChannelSettings
+from dynbatchd.engine import OK, Engine, Job, Outcome
+from dynbatchd.scheduler import build_channels
+
+MS = 1_000_000
+REPO = Path(__file__).resolve().parent.parent
+
+
+class Clients:
+    """Records every answer by payload and fails on a second one for the same request."""
+
+    def __init__(self) -> None:
+        self.answers: dict[object, tuple[str, object]] = {}
+
+    def take(self, answers) -> None:
+        for a in answers:
+            assert a.payload not in self.answers, f"{a.payload} answered twice"
+            self.answers[a.payload] = (a.code, a.output)
+
+    def codes(self) -> dict[object, str]:
+        return {k: code for k, (code, _) in self.answers.items()}
+
+
+def engine(devices: int = 1, *, cache: ResultCache | None = None, inflight: int = 2, **settings) -> Engine:
+    settings.setdefault("max_batch", 4)
+    settings.setdefault("window_ms", 0)
+    settings.setdefault("deadline_ms", 10_000)
+    e = Engine(build_channels({"c": ChannelSettings(**settings)}), [f"d{i}" for i in range(devices)],
+               inflight=inflight, cache=cache, fingerprint=lambda payload: str(payload).split("#")[0])
+    for i in range(devices):
+        e.device_up(i)
+    return e
+
+
+def job(payload, *, tenant=None, cache_key=None) -> Job:
+    return Job("m", "c", 1, 10_000, payload, tenant, cache_key)
+
+
+def ok_outcome(batch, compute_ns=MS) -> Outcome:
+    return Outcome(compute_ns, [f"out:{item.payload.payload}" for item in batch.items])
+
+
+def run_all(e: Engine, clients: Clients, now: int) -> None:
+    """Step and complete every dispatched batch successfully until nothing is left."""
+    while True:
+        dispatches, answers = e.step(now)
+        clients.take(answers)
+        if not dispatches:
+            return
+        for d in dispatches:
+            clients.take(e.completed(d.device, d.batch.id, ok_outcome(d.batch), now))
+
+
+def test_a_batch_runs_and_every_request_gets_its_own_answer():
+    e, clients = engine(), Clients()
+    for i in range(6):
+        assert e.submit(job(i), 0) is None
+    run_all(e, clients, 0)
+    assert clients.answers == {i: (OK, f"out:{i}") for i in range(6)}
+    assert e.snapshot(0)["channels"]["c"]["completed"] == 6
+
+
+def test_a_death_retries_the_running_batch_alone_and_requeues_the_waiting_one():
+    e, clients = engine(), Clients()
+    for i in range(8):
+        e.submit(job(i), 0)
+    dispatches, _ = e.step(0)
+    assert [len(d.batch.items) for d in dispatches] == [4, 4]   # one running, one queued behind it
+    loss = e.lost(0, 1 * MS)
+    assert loss.answers == [] and not loss.explained
+    e.device_up(0)
+    sizes = []
+    for _ in range(20):
+        dispatches, answers = e.step(2 * MS)
+        clients.take(answers)
+        if not dispatches:
+            break
+        for d in dispatches:
+            sizes.append(len(d.batch.items))
+            clients.take(e.completed(d.device, d.batch.id, ok_outcome(d.batch), 2 * MS))
+    assert sizes[:4] == [1, 1, 1, 1]   # the four that were running go one at a time, alone
+    assert 4 in sizes[4:]              # the waiting batch goes as it was
+    assert clients.codes() == {i: OK for i in range(8)}
+
+
+def test_a_poison_input_is_proven_by_a_second_death_quarantined_and_costs_nothing_more():
+    e, clients = engine(), Clients()
+    for payload in ("a", "poison", "b"):
+        e.submit(job(payload), 0)
+    [first], _ = e.step(0)
+    assert len(first.batch.items) == 3        # the poison shared a batch with the innocent
+    assert not e.lost(0, MS).explained          # first death: the cause is unknown yet
+    e.device_up(0)
+    alone = []
+    while True:
+        dispatches, answers = e.step(2 * MS)
+        clients.take(answers)
+        if not dispatches:
+            break
+        for d in dispatches:
+            assert len(d.batch.items) == 1
+            if d.batch.items[0].payload.payload == "poison":
+                loss = e.lost(d.device, 3 * MS)
+                assert loss.explained       # died again, alone: proven
+                clients.take(loss.answers)
+                e.device_up(d.device)
+            else:
+                clients.take(e.completed(d.device, d.batch.id, ok_outcome(d.batch), 3 * MS))
+            alone.append(d.batch.items[0].payload.payload)
+    assert clients.codes() == {"a": OK, "b": OK, "poison": P.MODEL_ERROR}
+    # The same input again is answered at once, without reaching a device.
+    again = e.submit(job("poison#2"), 4 * MS)
+    assert again is not None and again.code == P.MODEL_ERROR and "quarantined" in again.message
+    assert e.snapshot(4 * MS)["quarantined"] == 1
+
+
+def test_a_malformed_worker_answer_fails_its_batch_and_nothing_else():
+    e, clients = engine(), Clients()
+    for i in range(6):
+        e.submit(job(i), 0)
+    dispatches, _ = e.step(0)
+    bad, good = dispatches
+    clients.take(e.completed(bad.device, bad.batch.id, Outcome(MS, problem="3 outputs for a batch of 4"), MS))
+    clients.take(e.completed(good.device, good.batch.id, ok_outcome(good.batch), MS))
+    codes = clients.codes()
+    assert sorted(codes.values()) == sorted([OK] * 2 + [P.MODEL_ERROR] * 4)
+    assert all(codes[item.payload.payload] == P.MODEL_ERROR for item in bad.batch.items)
+
+
+def test_per_item_errors_answer_only_their_request():
+    e, clients = engine(), Clients()
+    for i in range(3):
+        e.submit(job(i), 0)
+    [d], _ = e.step(0)
+    outcome = Outcome(MS, ["x", None, "z"], errors={1: "text input only"}, rejected={1})
+    clients.take(e.completed(d.device, d.batch.id, outcome, MS))
+    assert clients.codes() == {0: OK, 1: P.BAD_REQUEST, 2: OK}
+
+
+def test_a_drain_that_times_out_answers_the_rest_shutting_down_and_a_late_result_answers_nobody():
+    e, clients = engine(), Clients()
+    for i in range(10):
+        e.submit(job(i), 0)
+    dispatches, _ = e.step(0)
+    e.drain()
+    assert e.busy()
+    clients.take(e.stop(5 * MS))            # the drain's time is up (or a second SIGTERM came)
+    assert clients.codes() == {i: P.SHUTTING_DOWN for i in range(10)} and not e.busy()
+    for d in dispatches:                     # the workers answer after all: nobody hears twice
+        assert e.completed(d.device, d.batch.id, ok_outcome(d.batch), 6 * MS) == []
+    assert e.submit(job("late"), 7 * MS).code == P.SHUTTING_DOWN
+    assert e.lost(0, 8 * MS).answers == []
+
+
+def test_with_every_device_given_up_requests_are_answered_unavailable():
+    e, clients = engine(devices=2), Clients()
+    for i in range(3):
+        e.submit(job(i), 0)
+    dispatches, _ = e.step(0)
+    for d in dispatches:
+        clients.take(e.lost(d.device, MS).answers)
+    assert e.device_gone(0, MS) == []         # one device left: the requests wait for it
+    clients.take(e.device_gone(1, MS))
+    assert set(clients.codes().values()) == {P.UNAVAILABLE} and len(clients.answers) == 3
+    assert e.submit(job("new"), 2 * MS).code == P.UNAVAILABLE
+    e.device_up(1)                             # a device that comes back serves again
+    assert e.submit(job("newer"), 3 * MS) is None
+
+
+def test_the_cache_keeps_tenants_apart_and_a_hit_is_no_completion():
+    cache = ResultCache(10)
+    e, clients = engine(cache=cache), Clients()
+    e.submit(job("t1-first", tenant="t1", cache_key=("m", "t1", "hello")), 0)
+    run_all(e, clients, 0)
+    hit = e.submit(job("t1-again", tenant="t1", cache_key=("m", "t1", "hello")), MS)
+    assert hit is not None and hit.code == OK and hit.output == "out:t1-first" and hit.timing.device == "cache"
+    assert e.submit(job("t2", tenant="t2", cache_key=("m", "t2", "hello")), MS) is None   # not t1's answer
+    stats = e.snapshot(MS)["channels"]["c"]
+    assert stats["cache_hits"] == 1 and stats["completed"] == 1
+
+
+def test_an_isolated_channel_is_never_served_from_or_stored_in_the_cache():
+    cache = ResultCache(10)
+    e, clients = engine(cache=cache, isolated=True), Clients()
+    e.submit(job(1, tenant="t", cache_key=("m", "t", "x")), 0)
+    run_all(e, clients, 0)
+    assert len(cache) == 0
+    assert e.submit(job(2, tenant="t", cache_key=("m", "t", "x")), MS) is None
+
+
+def test_expired_requests_are_answered_once_and_their_latency_recorded():
+    e, clients = engine(deadline_ms=10_000), Clients()
+    e.devices[0].usable = False             # no device: the request can only wait, then expire
+    e.submit(Job("m", "c", 1, 5, "short", None), 0)
+    clients.take(e.step(10 * MS)[1])
+    assert clients.codes() == {"short": P.DEADLINE_EXCEEDED}
+    c = e.channels["c"].stats
+    assert c.expired == 1 and c.latency.lifetime.total == 1
+
+
+def test_the_engine_and_the_scheduler_import_no_io():
+    """The core must stay sans-I/O: no sockets, event loops, threads or clocks."""
+    banned = {"zmq", "asyncio", "threading", "time", "socket", "selectors"}
+    files = [REPO / "dynbatchd/engine.py", *sorted((REPO / "dynbatchd/scheduler").glob("*.py"))]
+    for path in files:
+        tree = ast.parse(path.read_text())
+        names = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                 for alias in node.names}
+        names |= {node.module.split(".")[0] for node in ast.walk(tree)
+                  if isinstance(node, ast.ImportFrom) and node.module}
+        assert not names & banned, f"{path.name} imports {sorted(names & banned)}"
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_exactly_once_under_random_deaths_stops_and_results(seed):
+    import random
+
+    rng = random.Random(seed)
+    e, clients = engine(devices=2, inflight=2, max_batch=3, queue_limit=50), Clients()
+    accepted, now, held = set(), 0, []
+    for step in range(400):
+        now += rng.randint(0, 2) * MS
+        if rng.random() < 0.6:
+            payload = f"r{step}"
+            refusal = e.submit(job(payload), now)
+            if refusal is None:
+                accepted.add(payload)
+            else:
+                clients.take([refusal])
+        dispatches, answers = e.step(now)
+        clients.take(answers)
+        held.extend(dispatches)
+        if held and rng.random() < 0.5:
+            d = held.pop(rng.randrange(len(held)))
+            clients.take(e.completed(d.device, d.batch.id, ok_outcome(d.batch), now))
+        if rng.random() < 0.03:
+            device = rng.randrange(2)
+            clients.take(e.lost(device, now).answers)
+            held = [d for d in held if d.device != device]
+            e.device_up(device)
+    clients.take(e.stop(now))
+    assert accepted <= set(clients.answers)
