@@ -255,3 +255,24 @@ def test_exactly_once_under_random_deaths_stops_and_results(seed):
             e.device_up(device)
     clients.take(e.stop(now))
     assert accepted <= set(clients.answers)
+
+
+def test_the_restart_budget_counts_deaths_in_a_window_so_it_and_the_back_off_reset():
+    from dynbatchd.devices.pool import RestartBudget
+
+    budget = RestartBudget(limit=3, window_s=600)
+    assert [budget.died(t) for t in (0, 1, 2)] == [0.25, 0.5, 1.0]   # doubling back-off
+    assert budget.died(3) is None                                     # a fourth in ten minutes: give up
+    healthy = RestartBudget(limit=3, window_s=600)
+    for hour in range(10):                    # six-plus deaths, each after long healthy service
+        assert healthy.died(hour * 3600.0) == 0.25
+
+
+def test_a_proven_poison_refunds_the_death_that_proved_it():
+    from dynbatchd.devices.pool import RestartBudget
+
+    budget = RestartBudget(limit=1, window_s=600)
+    for poison in range(3):                   # three poison inputs, each killing its worker twice
+        assert budget.died(poison * 10.0) == 0.25
+        assert budget.died(poison * 10.0 + 1, explained=True) == 0.0
+    assert len(budget.deaths) == 0

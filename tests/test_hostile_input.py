@@ -71,3 +71,36 @@ def test_a_deep_control_request_is_refused_and_control_keeps_working(sim_daemon)
     finally:
         sock.close()
     assert control_call(sim_daemon.control, "ping")["state"] == "serving"
+
+
+def test_three_poison_inputs_fail_alone_and_do_not_spend_the_restart_budget(tmp_path):
+    """The high fault: each poison input killed its worker twice, the restart budget counted
+    over the daemon's life, and after three of them the device was given up for good."""
+    from conftest import SIMULATED, start_daemon
+    from dynbatchd.client import ModelError
+
+    daemon = start_daemon(tmp_path, SIMULATED, devices_extra="restart_limit = 1")
+    try:
+        with Client(daemon.endpoint) as client:
+            for round_ in range(3):
+                texts = [f"a{round_}", f"crash{round_}", f"b{round_}", f"c{round_}"]
+                futures = [client.submit("echo", t, deadline_ms=60_000, timeout=120) for t in texts]
+                outcomes = []
+                for f in futures:
+                    try:
+                        outcomes.append(f.result(timeout=120).output)
+                    except ModelError as exc:
+                        assert "quarantined" in str(exc)
+                        outcomes.append("model_error")
+                assert outcomes == [texts[0], "model_error", texts[2], texts[3]]
+            standard = daemon.status()["channels"]["standard"]
+            assert standard["mean_batch"] > 1   # the poison shared its first batch with the innocent
+            assert client.infer("echo", "still served") == "still served"
+            with pytest.raises(ModelError, match="quarantined"):   # known poison: refused at once
+                client.infer("echo", "crash1")
+        status = daemon.status()
+        assert status["daemon"]["quarantined"] == 3 and status["daemon"]["state"] == "serving"
+        device = status["devices"][0]
+        assert device["state"] == "ready" and device["restarts"] == 6
+    finally:
+        daemon.stop()

@@ -20,7 +20,7 @@ import logging
 import os
 import sys
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
@@ -34,6 +34,33 @@ RESTART_WINDOW_S = 600.0     # deaths older than this no longer count against th
 MAX_BACKOFF_S = 30.0
 
 
+class RestartBudget:
+    """How long to wait before restarting a worker that died, or None: give the device up.
+
+    Only deaths within the last `window_s` count, for the limit and for the
+    back-off alike, so both reset after healthy service. An explained death
+    (a proven poison input) refunds the death that proved it and costs nothing.
+    """
+
+    def __init__(self, limit: int, window_s: float = RESTART_WINDOW_S):
+        self.limit = limit
+        self.window_s = window_s
+        self.deaths: deque[float] = deque()
+
+    def died(self, now_s: float, explained: bool = False) -> float | None:
+        deaths = self.deaths
+        while deaths and now_s - deaths[0] > self.window_s:
+            deaths.popleft()
+        if explained:
+            if deaths:
+                deaths.pop()
+            return 0.0
+        deaths.append(now_s)
+        if len(deaths) > self.limit:
+            return None
+        return min(MAX_BACKOFF_S, 0.25 * 2 ** (len(deaths) - 1))
+
+
 @dataclass
 class Worker:
     index: int
@@ -44,7 +71,7 @@ class Worker:
     failure: str = ""
     simulated: bool = False
     restarts: int = 0                                   # lifetime, for status and metrics
-    deaths: deque = field(default_factory=deque)        # monotonic times of the deaths that count
+    budget: RestartBudget | None = None
 
 
 def detect_devices(use: str | list[str]) -> list[str]:
@@ -78,7 +105,6 @@ class DevicePool:
                  log_level: str = "info"):
         self.models = models
         self.cpu_threads = cpu_threads
-        self.restart_limit = restart_limit
         self.on_result, self.on_lost, self.on_ready, self.on_gone = on_result, on_lost, on_ready, on_gone
         self.log_level = log_level
         self.endpoint = f"ipc://{ipc_dir}/workers.sock"
@@ -87,7 +113,7 @@ class DevicePool:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.bind(self.endpoint)
         self.io = LoopSocket(sock, self._on_messages)
-        self.workers = [Worker(i, f"w{i}-{d}", d) for i, d in enumerate(devices)]
+        self.workers = [Worker(i, f"w{i}-{d}", d, budget=RestartBudget(restart_limit)) for i, d in enumerate(devices)]
         self._by_name = {w.name.encode(): w for w in self.workers}
         self._ready = asyncio.Event()
         self._closing = False
@@ -127,23 +153,13 @@ class DevicePool:
         if not self._ready.is_set() and worker.failure:
             self._ready.set()
             return
-        now = asyncio.get_running_loop().time()
-        deaths = worker.deaths
-        while deaths and now - deaths[0] > RESTART_WINDOW_S:
-            deaths.popleft()
-        if explained:   # a proven poison input: neither this death nor the one that proved it counts
-            if deaths:
-                deaths.pop()
-            delay = 0.0
-        else:
-            deaths.append(now)
-            if len(deaths) > self.restart_limit:
-                worker.state = "failed"
-                log.error("worker %s died %d times in %g s; giving up on device %s", worker.name,
-                          len(deaths), RESTART_WINDOW_S, worker.device)
-                self.on_gone(worker.index)
-                return
-            delay = min(MAX_BACKOFF_S, 0.25 * 2 ** (len(deaths) - 1))
+        delay = worker.budget.died(asyncio.get_running_loop().time(), explained)
+        if delay is None:
+            worker.state = "failed"
+            log.error("worker %s died %d times in %g s; giving up on device %s", worker.name,
+                      len(worker.budget.deaths), worker.budget.window_s, worker.device)
+            self.on_gone(worker.index)
+            return
         worker.restarts += 1
         await asyncio.sleep(delay)
         if not self._closing:
