@@ -170,12 +170,6 @@ def without_watchdog(env) -> dict[str, str]:
     return {k: v for k, v in env.items() if k not in ("WATCHDOG_USEC", "WATCHDOG_PID")}
 
 
-def daemon_starts_the_watchdog() -> bool:
-    return "start_watchdog(" in (REPO / "dynbatchd" / "service.py").read_text()
-
-
-@pytest.mark.skipif(not daemon_starts_the_watchdog(),
-                    reason="dynbatchd/service.py does not call systemd.start_watchdog(loop) yet")
 def test_daemon_pings_the_watchdog_while_it_serves_and_drains(short_dir, systemd_socket):
     config = short_dir / "dynbatchd.toml"
     write_config(config, short_dir, window_ms=2)
