@@ -108,6 +108,7 @@ class Channel:
         self._arrivals = 0.0            # accepted requests per ns, decayed over ARRIVAL_TAU_NS
         self._arrivals_at = 0
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
+        self.last_window_ns: int | None = None
 
     ARRIVAL_TAU_NS = 10_000_000_000   # the offered rate `status` shows follows the last ~10 s
 
@@ -213,6 +214,7 @@ class Channel:
         state = self.lane_state(lane, free_slots, busy_ns)
         # window_ms bounds every policy: the compliance rules and the operator's SLO rely on it.
         window = min(self.window.window_ns(now_ns, state), int(self.settings.window_ms * MS))
+        self.last_window_ns = window   # for status only: policies answer without remembering
         window_end = lane.opened_ns + window
         # Close early when waiting longer would make the most urgent request miss.
         urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens)
@@ -265,7 +267,10 @@ class Channel:
         self.settings = settings
 
     def describe(self) -> dict[str, Any]:
-        return {**self.window.describe(), "sizer": self.sizer.describe()}
+        policy = self.window.describe()
+        if not isinstance(policy.get("window_ms"), (int, float)) and self.last_window_ns is not None:
+            policy["window_ms"] = self.last_window_ns / MS   # the window last decided, where it depends on the lane
+        return {**policy, "sizer": self.sizer.describe()}
 
     def snapshot(self, now_ns: int) -> dict[str, Any]:
         """Stats plus what a planner needs: offered rate, request size, learned batch cost."""

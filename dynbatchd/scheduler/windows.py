@@ -162,7 +162,6 @@ class TieredWindow:
         self.by = by
         self.tiers = [(bound, int(min(window_ms, cap_ms if cap_ms is not None else window_ms) * MS))
                       for bound, window_ms in tiers]
-        self._last = (len(self.tiers) - 1, self.tiers[-1][1])
 
     @classmethod
     def parse_tiers(cls, raw: Any, where: str, cap_ms: float | None = None) -> "TieredWindow":
@@ -219,14 +218,13 @@ class TieredWindow:
 
     def window_ns(self, now_ns: int, lane: LaneState) -> int:
         value = self.measure(lane)
-        for i, (bound, window) in enumerate(self.tiers):
+        for bound, window in self.tiers:
             if bound is None or value < bound:
-                self._last = (i, window)
                 return window
         raise AssertionError("the last tier is a catch-all")  # pragma: no cover
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": "tiered", "by": self.by, "tier": self._last[0], "window_ms": self._last[1] / MS}
+        return {"policy": "tiered", "by": self.by, "tiers_ms": [window / MS for _, window in self.tiers]}
 
 
 # ---------------------------------------------------------------------------
@@ -275,7 +273,6 @@ class PatternWindow:
         self.rate_per_s = 0.0
         self.baseline_per_s: float | None = None
         self.cv: float | None = None
-        self._window = self.steady_ns
 
     @classmethod
     def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "PatternWindow":
@@ -300,9 +297,12 @@ class PatternWindow:
                    tiers=tiers, cap_ms=cap, **kw)
 
     def on_arrival(self, now_ns: int, tokens: int) -> None:
+        """Observing: the arrival joins the sample and the traffic class is brought up to date,
+        so asking for a window never changes what the policy knows."""
         if self._first is None:
             self._first = now_ns
         self._times.append(now_ns)
+        self.classify(now_ns)
 
     def on_batch_done(self, size: int, tokens: int, compute_ns: int, now_ns: int) -> None:
         pass
@@ -350,17 +350,16 @@ class PatternWindow:
         return math.sqrt(var) / mean
 
     def window_ns(self, now_ns: int, lane: LaneState) -> int:
-        traffic = self.classify(now_ns)
-        if traffic == "burst":
-            self._window = self.burst_ns
-        elif traffic == "steady":
-            self._window = self.steady_ns
-        else:
-            self._window = self.tiers.window_ns(now_ns, lane)
-        return self._window
+        if self.traffic == "burst":
+            return self.burst_ns
+        if self.traffic == "steady":
+            return self.steady_ns
+        return self.tiers.window_ns(now_ns, lane)
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": "pattern", "traffic": self.traffic, "window_ms": self._window / MS,
+        window = {"burst": self.burst_ns, "steady": self.steady_ns}.get(self.traffic)
+        return {"policy": "pattern", "traffic": self.traffic,
+                "window_ms": window / MS if window is not None else None,
                 "rate_per_s": round(self.rate_per_s, 3),
                 "cv": None if self.cv is None else round(min(self.cv, 1e9), 3)}
 
@@ -408,7 +407,6 @@ class SloWindow:
         self._weight = 0.0          # decayed arrival count at _last_arrival
         self._last_arrival: int | None = None
         self._tokens = 0.0          # decayed token count, for the mean tokens per arrival
-        self._wait_ns = 0
 
     @classmethod
     def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "SloWindow":
@@ -445,7 +443,6 @@ class SloWindow:
         return self._tokens / self._weight if self._weight > 0 else 0.0
 
     def window_ns(self, now_ns: int, lane: LaneState) -> int:
-        self._wait_ns = 0
         if lane.free_slots <= 0 or lane.queued >= lane.max_batch or lane.queued <= 0:
             return 0
         rate = self.rate_per_ns(now_ns)
@@ -470,11 +467,10 @@ class SloWindow:
         end = min(end, latest, lane.opened_ns + self.max_wait_ns)
         if end <= now_ns:
             return 0
-        self._wait_ns = end - now_ns
         return end - lane.opened_ns
 
     def describe(self) -> dict[str, Any]:
-        return {"policy": "slo", "window_ms": self._wait_ns / MS,
+        return {"policy": "slo", "max_wait_ms": self.max_wait_ns / MS,
                 "rate_per_s": round(self._weight / self.horizon_ns * SECOND, 3)}
 
 
