@@ -299,6 +299,7 @@ class Daemon:
                        "listen": self.config.daemon.listen,
                        "bad_requests": self.front.bad_requests if self.front else 0,
                        "dropped": self.front.dropped if self.front else 0,
+                       "replies_undelivered": self.front.io.undeliverable if self.front else 0,
                        "quarantined": snap["quarantined"],
                        "health": daemon_health(snap["channels"], deadlines, devices, self.engine.memory_used)},
             "channels": snap["channels"],

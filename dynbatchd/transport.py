@@ -33,9 +33,10 @@ class LoopSocket:
     after every send burst (`kick`).
     """
 
-    def __init__(self, sock: zmq.Socket, on_batch: Callable[[list[list[bytes]]], None]):
+    def __init__(self, sock: zmq.Socket, on_messages: Callable[[list[list[bytes]]], None]):
         self.sock = sock
-        self.on_batch = on_batch
+        self.on_messages = on_messages   # called with every multipart message read in one pass
+        self.undeliverable = 0           # replies ZeroMQ refused: peer gone, or its queue full
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kicked = False
 
@@ -69,7 +70,7 @@ class LoopSocket:
             pass
         if batch:
             try:
-                self.on_batch(batch)
+                self.on_messages(batch)
             except Exception:   # a bug in a handler must not stop this socket being read
                 log.exception("internal error handling messages on %s", self.sock.getsockopt(zmq.LAST_ENDPOINT))
         if len(batch) >= DRAIN_LIMIT:
@@ -83,15 +84,21 @@ class LoopSocket:
             self._kicked = True
             self._loop.call_soon(self._drain)
 
-    def send(self, frames: list[Any]) -> None:
+    def send(self, frames: list[Any]) -> bool:
+        """Send one multipart message without blocking; False (and counted) when ZeroMQ refuses
+        it: on a ROUTER_MANDATORY socket, a peer that left or whose queue is full."""
         send = self.sock.send
         try:
             for frame in frames[:-1]:
                 send(frame, _MORE)
             send(frames[-1], _NOBLOCK)
-        except zmq.Again:
-            log.warning("reply dropped: peer's queue is full")
-        self.kick()
+            return True
+        except zmq.ZMQError as exc:
+            self.undeliverable += 1
+            log.debug("reply not delivered: %s", exc.strerror)
+            return False
+        finally:
+            self.kick()
 
 
 def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
@@ -113,29 +120,30 @@ class FrontEnd:
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a reply to a client that left is counted, not lost unseen
         # Hard stop far above the policy limit; the policy limit gets a polite reply.
         sock.setsockopt(zmq.MAXMSGSIZE, max(max_request_bytes * 4, 1 << 20))
         sock.bind(endpoint)
         self.endpoint = endpoint
         self.max_request_bytes = max_request_bytes
         self.handler = handler
-        self.io = LoopSocket(sock, self._on_batch)
+        self.io = LoopSocket(sock, self._on_messages)
         self.dropped = 0      # messages with no body to answer
         self.bad_requests = 0
 
-    def _on_batch(self, batch: list[list[bytes]]) -> None:
+    def _on_messages(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
             envelope, body = split_envelope(frames)
             if not body:
                 self.dropped += 1
                 continue
             try:
-                self._on_message(envelope, body)
+                self._on_request(envelope, body)
             except Exception:  # a bug must cost one message its answer's content, never the others theirs
                 log.exception("internal error handling a request")
                 self.reject(envelope, P.guess_id(body[0]), P.MODEL_ERROR, "internal error in the daemon; see its log")
 
-    def _on_message(self, envelope: list[bytes], body: list[bytes]) -> None:
+    def _on_request(self, envelope: list[bytes], body: list[bytes]) -> None:
         size = sum(map(len, body))
         if size > self.max_request_bytes:
             self.reject(envelope, P.guess_id(body[0]), P.BAD_REQUEST,

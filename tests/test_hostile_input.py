@@ -104,3 +104,18 @@ def test_three_poison_inputs_fail_alone_and_do_not_spend_the_restart_budget(tmp_
         assert device["state"] == "ready" and device["restarts"] == 6
     finally:
         daemon.stop()
+
+
+def test_a_reply_to_a_client_that_left_is_counted_not_silently_lost(sim_daemon):
+    import time
+
+    before = sim_daemon.status()["daemon"]["replies_undelivered"]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 5000)   # the request is flushed before the socket goes
+    sock.connect(sim_daemon.endpoint)
+    sock.send(msgspec.msgpack.encode({"id": 1, "model": "sim", "text": "bye", "deadline_ms": 60_000}))
+    sock.close()                        # gone before the batch window (5 ms) closes
+    deadline = time.monotonic() + 20
+    while sim_daemon.status()["daemon"]["replies_undelivered"] == before:
+        assert time.monotonic() < deadline, "the undeliverable reply was never counted"
+        time.sleep(0.05)   # polling a counter between checks, bounded by the deadline above

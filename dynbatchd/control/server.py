@@ -35,9 +35,9 @@ class ControlServer:
         sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
         sock.bind(endpoint)
         self.daemon = daemon
-        self.io = LoopSocket(sock, self._on_batch)
+        self.io = LoopSocket(sock, self._on_messages)
 
-    def _on_batch(self, batch: list[list[bytes]]) -> None:
+    def _on_messages(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
             envelope, body = split_envelope(frames)
             if not body:
