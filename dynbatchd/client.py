@@ -44,11 +44,12 @@ class DeadlineExceeded(DynbatchdError): code = P.DEADLINE_EXCEEDED
 class ModelError(DynbatchdError): code = P.MODEL_ERROR
 class ShuttingDown(DynbatchdError): code = P.SHUTTING_DOWN
 class Refused(DynbatchdError): code = P.REFUSED
+class Unavailable(DynbatchdError): code = P.UNAVAILABLE
 
 
 # The protocol's error codes (client-side conditions such as a timeout are not in it).
 ERRORS: dict[str, type[DynbatchdError]] = {c.code: c for c in (
-    BadRequest, UnknownModel, Overloaded, DeadlineExceeded, ModelError, ShuttingDown, Refused)}
+    BadRequest, UnknownModel, Overloaded, DeadlineExceeded, ModelError, ShuttingDown, Refused, Unavailable)}
 
 
 @dataclass(frozen=True)

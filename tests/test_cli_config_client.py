@@ -103,3 +103,10 @@ def test_the_async_client_times_out(silent):
         ctx.term()
 
     asyncio.run(scenario())
+
+
+def test_every_protocol_error_code_has_its_exception_class():
+    from dynbatchd import protocol as P
+
+    assert set(clientmod.ERRORS) == set(P.ERROR_CODES)
+    assert all(issubclass(cls, DynbatchdError) and cls.code == code for code, cls in clientmod.ERRORS.items())
