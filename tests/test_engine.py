@@ -276,3 +276,10 @@ def test_a_proven_poison_refunds_the_death_that_proved_it():
         assert budget.died(poison * 10.0) == 0.25
         assert budget.died(poison * 10.0 + 1, explained=True) == 0.0
     assert len(budget.deaths) == 0
+
+
+def test_the_scheduler_package_reads_no_files():
+    """The memory planner reads model files; the scheduler must not (it lives in dynbatchd.memory)."""
+    for path in sorted((REPO / "dynbatchd/scheduler").glob("*.py")):
+        text = path.read_text()
+        assert "open(" not in text and "read_text(" not in text and "pathlib" not in text, path.name

@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from dynbatchd import config as cfgmod
 from dynbatchd.cli import plan as planmod
-from dynbatchd.scheduler.sizing import GIB
+from dynbatchd.memory import GIB
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()

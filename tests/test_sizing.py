@@ -10,8 +10,8 @@ import pytest
 
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler.policies import MS
-from dynbatchd.scheduler.sizing import (GIB, AdaptiveSizer, model_dims, per_request_bytes, plan_memory,
-                                        read_model_config)
+from dynbatchd.memory import GIB, model_dims, per_request_bytes, plan_memory, read_model_config
+from dynbatchd.scheduler.sizing import AdaptiveSizer
 
 MIB = 1 << 20
 

@@ -21,8 +21,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from dynbatchd import config as cfgmod
-from dynbatchd.scheduler.sizing import GIB, MemoryPlan, model_dims, plan_memory, read_model_config
-from dynbatchd.scheduler.sizing import fmt_bytes as _size
+from dynbatchd.memory import GIB, MemoryPlan, model_dims, plan_memory, read_model_config
+from dynbatchd.memory import fmt_bytes as _size
 
 
 class PlanError(Exception):

@@ -1,0 +1,34 @@
+"""Checked access to a policy's options table, shared by every window and batch-size policy."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class Options:
+    """Checked access to one policy's options table; leftovers are errors."""
+
+    def __init__(self, where: str, options: dict[str, Any], known: set[str]):
+        self.where = where
+        self.options = options
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown option {unknown[0]!r} (known: {', '.join(sorted(known))})")
+
+    def num(self, key: str, default: float, *, lo: float | None = None, hi: float | None = None,
+            lo_open: bool = False) -> float:
+        value = self.options.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{self.where}.{key}: expected a number, got {value!r}")
+        value = float(value)
+        if lo is not None and (value < lo or (lo_open and value == lo)):
+            raise ValueError(f"{self.where}.{key}: must be {'>' if lo_open else '>='} {lo:g}, got {value:g}")
+        if hi is not None and value > hi:
+            raise ValueError(f"{self.where}.{key}: must be <= {hi:g}, got {value:g}")
+        return value
+
+    def count(self, key: str, default: int, *, lo: int = 1) -> int:
+        value = self.options.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+            raise ValueError(f"{self.where}.{key}: expected an integer >= {lo}, got {value!r}")
+        return value
