@@ -24,23 +24,26 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
-from dynbatchd import __version__, config as cfgmod, protocol as P, systemd
+from dynbatchd import __version__, protocol as P, systemd
 from dynbatchd.cache import ResultCache
-from dynbatchd.config import Config, ConfigError
+from dynbatchd.config import Config
 from dynbatchd.control.server import ControlServer
 from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, freeze
 from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, detect_devices
 from dynbatchd.engine import OK, Engine, Job
 from dynbatchd.hookspecs import RequestInfo
-from dynbatchd.metrics import render as render_metrics, serve as serve_metrics
+from dynbatchd.metrics import serve as serve_metrics
+from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import build_channels
-from dynbatchd.telemetry import daemon_health
 from dynbatchd.transport import FrontEnd
-from dynbatchd.validation import validate_config
 
 log = logging.getLogger("dynbatchd")
+
+
+class StartupError(Exception):
+    """The daemon cannot start (an address in use...): one line for the operator, exit status 1."""
 
 
 def fingerprint(pending: Pending) -> bytes:
@@ -56,7 +59,7 @@ def fingerprint(pending: Pending) -> bytes:
     return h.digest()
 
 
-class Daemon:
+class Daemon(Operations):
     def __init__(self, config: Config, plugins: Plugins, *, config_path: str | None = None,
                  clock: Callable[[], int] = time.monotonic_ns):
         self.config = config
@@ -84,11 +87,11 @@ class Daemon:
     async def run(self) -> int:
         loop = self.loop = asyncio.get_running_loop()
         ctx = zmq.Context.instance()
+        metrics = await self._bind(ctx)   # every address before any model loads: a clash fails in a second
         ipc_dir = tempfile.mkdtemp(prefix="dynbatchd-")
         for sig, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
                              (signal.SIGHUP, self._reload_from_signal)):
             loop.add_signal_handler(sig, handler)
-        self.control = ControlServer(ctx, self.config.daemon.control, self)
         self.control.io.start(loop)
         watchdog = systemd.start_watchdog(loop)   # pings from this loop: a stuck loop gets restarted
         models = [P.ModelSpec(n, m.runner, dict(m.options)) for n, m in self.config.models.items()]
@@ -101,20 +104,42 @@ class Daemon:
         starting = asyncio.ensure_future(self.pool.start(timeout_s=600))
         stopped = asyncio.ensure_future(self._stop.wait())
         await asyncio.wait([starting, stopped], return_when=asyncio.FIRST_COMPLETED)
+        code = 0
         if not starting.done():   # stopped while workers were still loading
             starting.cancel()
             log.info("stopped during start-up")
-            await self._close(ipc_dir)
-            return 0
-        stopped.cancel()
-        if starting.exception() is not None:
+        elif starting.exception() is not None:
             log.error("could not start device workers: %s", starting.exception())
-            await self._close(ipc_dir)
-            return 1
-        self.front = FrontEnd(ctx, self.config.daemon.listen, self.config.daemon.max_request_bytes, self.on_request)
-        self.front.io.start(loop)
-        metrics = await serve_metrics(self.config.daemon.metrics_listen, self.metrics_page) \
-            if self.config.daemon.metrics_listen else None
+            code = 1
+        else:
+            stopped.cancel()
+            await self._serve()
+        if metrics is not None:
+            metrics.close()
+        await self._close(ipc_dir)
+        if watchdog is not None:
+            watchdog.cancel()
+        return code
+
+    async def _bind(self, ctx: zmq.Context) -> Any:
+        """Bind the control, request and metrics addresses; StartupError names the one that failed."""
+        daemon = self.config.daemon
+        where = daemon.control
+        try:
+            self.control = ControlServer(ctx, daemon.control, self)
+            where = daemon.listen
+            self.front = FrontEnd(ctx, daemon.listen, daemon.max_request_bytes, self.on_request)
+            where = f"metrics {daemon.metrics_listen}"
+            return await serve_metrics(daemon.metrics_listen, self.metrics_page) if daemon.metrics_listen else None
+        except (zmq.ZMQError, OSError) as exc:
+            for part in (self.front, self.control):
+                if part is not None:
+                    part.io.sock.close(linger=0)
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise StartupError(f"{where}: {reason[:1].lower() + reason[1:]}") from None
+
+    async def _serve(self) -> None:
+        self.front.io.start(self.loop)
         observer = asyncio.ensure_future(observe_devices(self.engine, self.pool, self.clock, self._schedule_pump,
                                                          self.config.devices.batch_timeout_s))
         self.state = "serving"
@@ -122,13 +147,7 @@ class Daemon:
         log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
         await self._stop.wait()
         observer.cancel()
-        if metrics is not None:
-            metrics.close()
         await self._drain()
-        await self._close(ipc_dir)
-        if watchdog is not None:
-            watchdog.cancel()
-        return 0
 
     def request_stop(self) -> None:
         """First SIGTERM drains (answer what was accepted), a second one stops at once."""
@@ -271,81 +290,3 @@ class Daemon:
             self.state = "unavailable"
             log.error("no device is left: answering every request unavailable (see dynbatchd(8))")
             systemd.notify("STATUS=unavailable: every device was given up")
-
-    # -- warmup -------------------------------------------------------------
-    def warmup(self, model: str | None, top_users: int) -> dict[str, int]:
-        """Queue the inputs the warmup plugins name; they run in the warmup channel as it has room."""
-        channel = self.config.cache.warmup_channel or self.config.routing.default
-        queued = cached = 0
-        for m in [model] if model else list(self.config.models):
-            for spec in self.plugins.warmup_jobs(m, top_users, self.config):
-                jobs = (Job(spec.model, channel, P.estimate_tokens(r), 0, Pending(None, r), None,
-                            (spec.model, None, text))
-                        for text in spec.inputs for r in (P.Request(0, spec.model, text=text),))
-                q, c = self.engine.add_warmup(jobs, channel)
-                queued, cached = queued + q, cached + c
-        self._schedule_pump()
-        return {"queued": queued, "already_cached": cached, "backlog": len(self.engine.warmup_backlog)}
-
-    # -- control ------------------------------------------------------------
-    def status(self) -> dict[str, Any]:
-        now = self.clock()
-        snap = self.engine.snapshot(now)
-        devices = [{**d, **self.pool.describe(i)} if self.pool else d for i, d in enumerate(snap["devices"])]
-        deadlines = {name: c.deadline_ms for name, c in self.config.channels.items()}
-        return {
-            "daemon": {"version": __version__, "pid": os.getpid(), "state": self.state,
-                       "uptime_s": round((now - self.started_ns) / 1e9, 3), "config": self.config.source,
-                       "listen": self.config.daemon.listen,
-                       "bad_requests": self.front.bad_requests if self.front else 0,
-                       "dropped": self.front.dropped if self.front else 0,
-                       "replies_undelivered": self.front.io.undeliverable if self.front else 0,
-                       "quarantined": snap["quarantined"],
-                       "health": daemon_health(snap["channels"], deadlines, devices, self.engine.memory_used)},
-            "channels": snap["channels"],
-            "devices": devices,
-            "cache": {**self.cache.snapshot(), "warmup_backlog": snap["warmup_backlog"]} if self.cache is not None else None,
-        }
-
-    def metrics_page(self) -> str:
-        return render_metrics(self.status(), {name: c.stats.latency.lifetime
-                                              for name, c in self.engine.channels.items()})
-
-    def apply_config(self, new: Config) -> list[str]:
-        """Adopt a validated config: channel settings, policies and routing change in place,
-        keeping what each channel learned unless its policy or the policy's options change.
-
-        Returns the sections that cannot change without a restart (daemon,
-        devices, models, cache); they keep running as they are and the rest is
-        applied. Adding or removing a channel is refused outright.
-        """
-        validate_config(new, self.plugins)
-        old = self.config
-        if set(old.channels) != set(new.channels):
-            raise ConfigError(new.source, "channels", "adding or removing channels needs a restart; "
-                              "nothing was applied")
-        needs_restart = [key for key in ("daemon", "devices", "models", "cache")
-                         if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
-        rebuilt = build_channels(new.channels, self.plugins.window_policies(), self.plugins.batch_sizers())
-        for name, channel in self.engine.channels.items():
-            channel.retune(new.channels[name], rebuilt[name])
-        self.config = new if not needs_restart else msgspec.structs.replace(
-            new, daemon=old.daemon, devices=old.devices, models=old.models, cache=old.cache)
-        self._schedule_pump()
-        return needs_restart
-
-    def reload(self) -> list[str]:
-        if not self.config_path:
-            raise ConfigError(self.config.source, "", "daemon was started without a config file")
-        systemd.notify("RELOADING=1")
-        try:
-            return self.apply_config(cfgmod.load(self.config_path))
-        finally:
-            systemd.notify("READY=1")
-
-    def _reload_from_signal(self) -> None:
-        try:
-            pending = self.reload()
-            log.info("configuration reloaded%s", f"; needs a restart to change: {', '.join(pending)}" if pending else "")
-        except ConfigError as exc:
-            log.error("reload refused, keeping the running configuration: %s", exc)

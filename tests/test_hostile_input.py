@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import textwrap
+
 import msgspec
 import pytest
 import zmq
@@ -119,3 +124,48 @@ def test_a_reply_to_a_client_that_left_is_counted_not_silently_lost(sim_daemon):
     while sim_daemon.status()["daemon"]["replies_undelivered"] == before:
         assert time.monotonic() < deadline, "the undeliverable reply was never counted"
         time.sleep(0.05)   # polling a counter between checks, bounded by the deadline above
+
+
+@pytest.mark.parametrize("which", ["listen", "control", "metrics_listen"])
+def test_an_address_in_use_is_one_line_and_comes_before_any_model_loads(tmp_path, which):
+    from conftest import REPO, free_port
+
+    port = free_port()
+    holder = zmq.Context.instance().socket(zmq.ROUTER) if which != "metrics_listen" else None
+    blocker = socket.socket()
+    try:
+        if holder is not None:
+            holder.bind(f"tcp://127.0.0.1:{port}")
+        else:
+            blocker.bind(("127.0.0.1", port))
+            blocker.listen()
+        addresses = {"listen": f"ipc://{tmp_path}/req.sock", "control": f"ipc://{tmp_path}/ctl.sock",
+                     "metrics_listen": ""}
+        addresses[which] = f"127.0.0.1:{port}" if which == "metrics_listen" else f"tcp://127.0.0.1:{port}"
+        config = tmp_path / "dynbatchd.toml"
+        config.write_text(textwrap.dedent(f"""
+            [daemon]
+            listen = "{addresses['listen']}"
+            control = "{addresses['control']}"
+            metrics_listen = "{addresses['metrics_listen']}"
+            [devices]
+            use = ["cpu"]
+            [models.minilm]
+            runner = "sentence-embedding"
+            [channels.standard]
+            max_batch = 8
+            window_ms = 5
+            [routing]
+            default = "standard"
+        """))
+        out = subprocess.run([sys.executable, "-m", "dynbatchd", "start", "--config", str(config)], cwd=REPO,
+                             capture_output=True, text=True, timeout=120)
+    finally:
+        blocker.close()
+        if holder is not None:
+            holder.close(linger=0)
+    assert out.returncode == 1
+    lines = [line for line in out.stderr.splitlines() if line.startswith("error:")]
+    assert lines == [f"error: {addresses[which] if which != 'metrics_listen' else 'metrics ' + addresses[which]}: "
+                     "address already in use"], out.stderr
+    assert "Traceback" not in out.stderr and "starting: devices" not in out.stderr   # no model was loaded

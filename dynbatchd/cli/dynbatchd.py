@@ -72,7 +72,7 @@ def start(config: Path = ConfigOption,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    from dynbatchd.service import Daemon
+    from dynbatchd.service import Daemon, StartupError
 
     try:
         import uvloop
@@ -83,7 +83,12 @@ def start(config: Path = ConfigOption,
     async def main() -> int:
         return await Daemon(cfg, plugins, config_path=str(path)).run()
 
-    raise typer.Exit(runner(main()))
+    try:
+        code = runner(main())
+    except StartupError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        code = 1
+    raise typer.Exit(code)
 
 
 @app.command("check-config")

@@ -1,0 +1,105 @@
+"""What operators ask of a running daemon: status, metrics, tune and reload, warmup.
+
+A mixin of `dynbatchd.service.Daemon`, kept apart from the request path: the
+control commands (`dynbatchd.control.commands`) and the metrics page call
+these; none of them touches a socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import msgspec
+
+from dynbatchd import __version__, config as cfgmod, protocol as P, systemd
+from dynbatchd.config import Config, ConfigError
+from dynbatchd.devices.batches import Pending
+from dynbatchd.engine import Job
+from dynbatchd.metrics import render as render_metrics
+from dynbatchd.scheduler import build_channels
+from dynbatchd.telemetry import daemon_health
+from dynbatchd.validation import validate_config
+
+log = logging.getLogger("dynbatchd")
+
+
+class Operations:
+    # -- warmup -------------------------------------------------------------
+    def warmup(self, model: str | None, top_users: int) -> dict[str, int]:
+        """Queue the inputs the warmup plugins name; they run in the warmup channel as it has room."""
+        channel = self.config.cache.warmup_channel or self.config.routing.default
+        queued = cached = 0
+        for m in [model] if model else list(self.config.models):
+            for spec in self.plugins.warmup_jobs(m, top_users, self.config):
+                jobs = (Job(spec.model, channel, P.estimate_tokens(r), 0, Pending(None, r), None,
+                            (spec.model, None, text))
+                        for text in spec.inputs for r in (P.Request(0, spec.model, text=text),))
+                q, c = self.engine.add_warmup(jobs, channel)
+                queued, cached = queued + q, cached + c
+        self._schedule_pump()
+        return {"queued": queued, "already_cached": cached, "backlog": len(self.engine.warmup_backlog)}
+
+    # -- control ------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        now = self.clock()
+        snap = self.engine.snapshot(now)
+        devices = [{**d, **self.pool.describe(i)} if self.pool else d for i, d in enumerate(snap["devices"])]
+        deadlines = {name: c.deadline_ms for name, c in self.config.channels.items()}
+        return {
+            "daemon": {"version": __version__, "pid": os.getpid(), "state": self.state,
+                       "uptime_s": round((now - self.started_ns) / 1e9, 3), "config": self.config.source,
+                       "listen": self.config.daemon.listen,
+                       "bad_requests": self.front.bad_requests if self.front else 0,
+                       "dropped": self.front.dropped if self.front else 0,
+                       "replies_undelivered": self.front.io.undeliverable if self.front else 0,
+                       "quarantined": snap["quarantined"],
+                       "health": daemon_health(snap["channels"], deadlines, devices, self.engine.memory_used)},
+            "channels": snap["channels"],
+            "devices": devices,
+            "cache": {**self.cache.snapshot(), "warmup_backlog": snap["warmup_backlog"]} if self.cache is not None else None,
+        }
+
+    def metrics_page(self) -> str:
+        return render_metrics(self.status(), {name: c.stats.latency.lifetime
+                                              for name, c in self.engine.channels.items()})
+
+    def apply_config(self, new: Config) -> list[str]:
+        """Adopt a validated config: channel settings, policies and routing change in place,
+        keeping what each channel learned unless its policy or the policy's options change.
+
+        Returns the sections that cannot change without a restart (daemon,
+        devices, models, cache); they keep running as they are and the rest is
+        applied. Adding or removing a channel is refused outright.
+        """
+        validate_config(new, self.plugins)
+        old = self.config
+        if set(old.channels) != set(new.channels):
+            raise ConfigError(new.source, "channels", "adding or removing channels needs a restart; "
+                              "nothing was applied")
+        needs_restart = [key for key in ("daemon", "devices", "models", "cache")
+                         if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
+        rebuilt = build_channels(new.channels, self.plugins.window_policies(), self.plugins.batch_sizers())
+        for name, channel in self.engine.channels.items():
+            channel.retune(new.channels[name], rebuilt[name])
+        self.config = new if not needs_restart else msgspec.structs.replace(
+            new, daemon=old.daemon, devices=old.devices, models=old.models, cache=old.cache)
+        self._schedule_pump()
+        return needs_restart
+
+    def reload(self) -> list[str]:
+        if not self.config_path:
+            raise ConfigError(self.config.source, "", "daemon was started without a config file")
+        systemd.notify("RELOADING=1")
+        try:
+            return self.apply_config(cfgmod.load(self.config_path))
+        finally:
+            systemd.notify("READY=1")
+
+    def _reload_from_signal(self) -> None:
+        try:
+            pending = self.reload()
+            log.info("configuration reloaded%s", f"; needs a restart to change: {', '.join(pending)}" if pending else "")
+        except ConfigError as exc:
+            log.error("reload refused, keeping the running configuration: %s", exc)
