@@ -85,12 +85,14 @@ class Loss:
 
 @dataclass(slots=True, eq=False)
 class Device:
-    """One device in the table: what it holds (batch id -> (batch, sent_ns), in send order)."""
+    """One device in the table: what it holds and what it has done."""
     name: str
     stats: DeviceStats
     usable: bool = False
     exclusive: bool = False     # running a retried request alone: takes nothing else meanwhile
     gone: bool = False          # given up for good
+    # batch id -> (batch, when it started or was sent), in send order; the head's time is updated
+    # when the batch ahead of it ends, so the device's estimated end is right and hung counts from its start
     held: dict[int, tuple[Batch, int]] = field(default_factory=dict)
 
 
@@ -258,6 +260,10 @@ class Engine:
         dev.exclusive = False
         if entry is None:
             return []   # already answered: lost, stopped, or a stray message
+        if dev.held:   # the batch queued behind it starts now, not when it was sent
+            head = next(iter(dev.held))
+            queued, sent_ns = dev.held[head]
+            dev.held[head] = (queued, max(sent_ns, now_ns))
         batch = entry[0]
         n = len(batch.items)
         dev.stats.batches += 1

@@ -283,3 +283,20 @@ def test_the_scheduler_package_reads_no_files():
     for path in sorted((REPO / "dynbatchd/scheduler").glob("*.py")):
         text = path.read_text()
         assert "open(" not in text and "read_text(" not in text and "pathlib" not in text, path.name
+
+
+def test_a_queued_batch_is_timed_from_when_the_batch_ahead_ended_not_from_when_it_was_sent():
+    """The device table once timed a queued batch from its send: after the batch ahead ended,
+    the device looked free too early and every next batch was cut ~one batch early."""
+    e, clients = engine(inflight=2, max_batch=2), Clients()
+    channel = e.channels["c"]
+    for _ in range(4):
+        channel.cost.observe(2, 2, 10 * MS)        # a learned cost: 10 ms a batch of two
+    for i in range(4):
+        e.submit(job(i), 0)
+    [first] = e.step(0)[0]
+    [second] = e.step(9 * MS)[0]               # queued 1 ms before the first should end
+    assert e._views()[0].free_at_ns == 20 * MS
+    clients.take(e.completed(0, first.batch.id, ok_outcome(first.batch, 10 * MS), 15 * MS))   # ends late
+    assert e._views()[0].free_at_ns == 25 * MS  # the queued one started at 15 ms
+    assert e.overdue(30 * MS, 14 * MS) == [0] and e.overdue(30 * MS, 16 * MS) == []   # hung counts from its start
