@@ -138,11 +138,12 @@ class Engine:
         self._keys += 1
         item = Item(self._keys, job.model, now_ns, now_ns + int(job.deadline_ms * 1e6), job.tokens, job.tenant,
                     job, job.channel, warmup=job.warmup)
-        if self.scheduler.submit(item, now_ns):
+        usable = [d for d in self.devices if d.usable]
+        if self.scheduler.submit(item, now_ns, len(usable), any(not d.held for d in usable)):
             return None
-        limit = channel.settings.queue_limit
-        why = (f"queue is full ({limit})" if channel.depth >= limit
-               else "backlogged: the requests ahead cannot be served before this one's deadline")
+        wait = channel.refused_wait_ns
+        why = (f"queue is full ({channel.settings.queue_limit})" if wait is None else
+               f"backlogged: the predicted wait ({wait / 1e6:.0f} ms) and its own run end past its deadline")
         return Answer(job.payload, P.OVERLOADED, f"channel {job.channel!r} {why}")
 
     def refused(self, channel: str) -> None:

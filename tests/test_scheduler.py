@@ -290,21 +290,60 @@ def test_empty_lanes_are_forgotten_so_a_poll_walks_only_lanes_with_work():
     assert len(s.poll(30_000 * MS, free_slots=0).expired) == 1 and not lanes
 
 
+def learned(s: Scheduler, channel: str, per_item_ms: float, base_ms: float = 0.0) -> None:
+    """Teach a channel's cost model a device of base + per_item per batch."""
+    for n in (1, 10, 1, 10):
+        s.channels[channel].cost.observe(n, 0, int((base_ms + per_item_ms * n) * MS))
+
+
 def test_a_backlogged_channel_answers_overloaded_at_once_what_it_cannot_serve_in_time():
-    # The device drains one batch of 10 every 100 ms (100/s); requests arrive every 3 ms (333/s)
-    # and may wait 200 ms.
+    # The device takes 10 ms a request (learned) and is busy; it drains a batch of 10 every
+    # 100 ms (100/s); requests arrive every 3 ms (333/s) and may wait 200 ms.
     s = make(c=ChannelSettings(max_batch=10, window_ms=0, deadline_ms=200, queue_limit=10_000))
+    learned(s, "c", per_item_ms=10)
     rejected = 0
     for ms in range(3000):
         now = ms * MS
-        if ms % 3 == 0 and not s.submit(item("c", ms, deadline_ms=200), now):
+        if ms % 3 == 0 and not s.submit(item("c", ms, deadline_ms=200), now, idle=False):
             rejected += 1
         if ms % 100 == 0:
             s.poll(now, free_slots=1)
-    # About 1000 offered, about 300 served: once the backlog has lasted a second, most of the
-    # excess is refused on arrival instead of waiting to expire.
-    assert rejected >= 400
-    assert s.channels["c"].depth <= 25      # what is still queued can be served within 200 ms
+    # About 1000 offered, about 300 served: the excess is refused on arrival, as soon as the
+    # work queued ahead (10 ms each) could not be done before its deadline.
+    assert rejected >= 600
+    assert s.channels["c"].depth <= 20      # what is still queued can be served within 200 ms
+    assert s.channels["c"].refused_wait_ns >= 190 * MS
+
+
+def test_never_refused_while_a_device_is_idle_or_before_a_batch_was_timed():
+    s = make(c=ChannelSettings(max_batch=10, window_ms=0, deadline_ms=200, queue_limit=10_000))
+    assert all(s.submit(item("c", 0, deadline_ms=200), 0, idle=False) for _ in range(500))   # cost unknown
+    learned(s, "c", per_item_ms=10)
+    assert all(s.submit(item("c", 0, deadline_ms=200), 0, idle=True) for _ in range(100))    # a device idles
+    assert not s.submit(item("c", 0, deadline_ms=200), 0, idle=False)
+
+
+def test_the_work_of_higher_priority_channels_counts_ahead_and_lower_does_not():
+    s = make(rt=ChannelSettings(max_batch=10, window_ms=0, deadline_ms=200, priority=2, queue_limit=10_000),
+             bulk=ChannelSettings(max_batch=10, window_ms=0, deadline_ms=200, priority=0, queue_limit=10_000))
+    learned(s, "rt", per_item_ms=10)
+    learned(s, "bulk", per_item_ms=10)
+    for _ in range(15):                     # 150 ms of bulk work queued
+        assert s.submit(item("bulk", 0, deadline_ms=10_000), 0, idle=False)
+    assert s.submit(item("rt", 0, deadline_ms=200), 0, idle=False)       # bulk does not delay realtime
+    for _ in range(10):                     # 100 ms of realtime work queued
+        s.submit(item("rt", 0, deadline_ms=10_000), 0, idle=False)
+    assert not s.submit(item("bulk", 0, deadline_ms=200), 0, idle=False)  # realtime's work is ahead of bulk
+
+
+def test_a_short_request_is_judged_on_the_work_a_backlog_would_serve_before_it():
+    s = make(c=ChannelSettings(max_batch=4, window_ms=0, deadline_ms=10_000, queue_limit=10_000))
+    for n, tokens in ((1, 0), (4, 0), (1, 1000), (4, 4000)):
+        s.channels["c"].cost.observe(n, tokens, int((1 * n + 0.1 * tokens) * MS))   # 1 ms each + 0.1 ms/token
+    for _ in range(20):
+        assert s.submit(item("c", 0, deadline_ms=60_000, tokens=2000), 0, idle=False)   # 20 x 201 ms queued
+    assert not s.submit(item("c", 0, deadline_ms=1000, tokens=2000), 0, idle=False)  # behind all of them
+    assert s.submit(item("c", 0, deadline_ms=1000, tokens=10), 0, idle=False)        # served before them
 
 
 def test_a_burst_into_an_idle_channel_is_not_refused():

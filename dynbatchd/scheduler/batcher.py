@@ -61,9 +61,25 @@ class Scheduler:
         recent[name] += device_ns
 
     # -- inputs -------------------------------------------------------------
-    def submit(self, item: Item, now_ns: int) -> bool:
-        """Queue a routed request; False means its channel is full (answer `overloaded`)."""
-        return self.channels[item.channel].offer(item, now_ns)
+    def submit(self, item: Item, now_ns: int, devices: int = 1, idle: bool = True) -> bool:
+        """Queue a routed request; False means answer `overloaded` (see `Channel.offer`).
+
+        The predicted wait is the device time the work queued ahead of it needs, spread over
+        the `devices` that serve: its own channel's and that of every channel of higher
+        priority. No prediction while a device is `idle` or before a batch has been timed.
+        """
+        channel = self.channels[item.channel]
+        wait = None
+        if not idle and channel.cost.samples and not channel.long_share.is_long(item.tokens):
+            # (A long request is never judged on the short ones a backlog serves first: its
+            # floor of device time, `LongShare`, serves it; if not in time, it expires.)
+            mine = channel.settings.priority
+            ahead = sum(c.backlog_ns() for c in self.channels.values() if c.settings.priority > mine)
+            wait = (ahead + channel.backlog_ns()) // max(1, devices)
+            if item.deadline_ns < now_ns + wait + channel.cost.estimate_ns(1, item.tokens):
+                # Refusing is the rare path: look closer. A backlog serves shorter requests first.
+                wait = (ahead + channel.backlog_ns(up_to_tokens=item.tokens)) // max(1, devices)
+        return channel.offer(item, now_ns, wait)
 
     def completed(self, batch: Batch, compute_ns: int, now_ns: int) -> None:
         """A device finished `batch`: teach the cost model and the window policy."""
@@ -110,31 +126,53 @@ class Scheduler:
                 break
             channel, lane = pick
             self._next_batch_id += 1
-            batch = channel.form(lane, self._next_batch_id, now_ns)
+            batch = channel.form(lane, self._next_batch_id, now_ns, now_ns + device_busy_ns, self._budget_ns(channel))
             decision.batches.append(batch)
             self._count_share(channel.name, channel.cost.estimate_ns(len(batch.items), batch.tokens) or len(batch.items))
             free_slots -= 1
         return decision
+
+    def _longest_batch_ns(self, channel: Channel) -> int:
+        """How long a batch of `channel` may run: a full one of its usual requests, within its budget."""
+        limit = channel.sizer.max_batch()
+        full = channel.cost.estimate_ns(limit, int(channel.mean_tokens * limit))
+        budget = self._budget_ns(channel)
+        return full if budget is None else min(full, budget)
+
+    def _budget_ns(self, channel: Channel) -> int | None:
+        """The longest batch `channel` may cut without making a channel of higher priority miss:
+        a request arriving there just after this batch starts waits for it, and for one queued
+        behind it, then runs its own batch, within its deadline. None: no channel above it."""
+        budgets = []
+        for other in self.channels.values():
+            s = other.settings
+            if s.priority <= channel.settings.priority:
+                continue
+            limit = other.sizer.max_batch()
+            own = other.cost.estimate_ns(limit, int(other.mean_tokens * limit))
+            budgets.append(int((s.deadline_ms - s.window_ms) * 1_000_000 - own) // 2)
+        return max(0, min(budgets)) if budgets else None
 
     def _most_urgent_ready(self, now_ns: int, free_slots: int, busy_ns: int) -> tuple[Channel, Lane] | None:
         """Which ready lane a free slot serves.
 
         1. A channel below its configured minimum share of recent device time
            (so no channel starves forever under overload);
-        2. then lanes whose most urgent request cannot wait another batch time,
-           higher channel priority first (realtime keeps its deadlines, lower
-           channels absorb the delay);
+        2. then lanes whose most urgent request could not wait for the longest
+           batch any channel cuts, twice over (the one running and the one
+           queued behind it), higher channel priority first (realtime keeps its
+           deadlines, lower channels absorb the delay);
         3. then earliest deadline first.
         """
         best = None
         best_key = None
         total = sum(self._recent.values()) or 1.0
+        batch_time = 2 * max(self._longest_batch_ns(c) for c in self.channels.values()) + busy_ns
         for channel in self.channels.values():
             if not channel.depth:
                 continue
             settings = channel.settings
             starved = settings.min_share > 0 and self._recent[channel.name] / total < settings.min_share
-            batch_time = channel.cost.estimate_ns(channel.sizer.max_batch())
             for lane in channel.lanes.values():
                 if channel.ready_at(lane, now_ns, free_slots, self.draining, busy_ns) > now_ns:
                     continue

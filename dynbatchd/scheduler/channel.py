@@ -15,6 +15,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
+from dynbatchd.scheduler.longshare import LongShare
 from dynbatchd.scheduler.policies import MS, BatchSizer, CostModel, LaneState, WindowPolicy
 from dynbatchd.telemetry import ChannelStats
 
@@ -76,6 +77,15 @@ class Lane:
         item.queued = False
         return item
 
+    def take(self, items: list[Item]) -> list[Item]:
+        """Remove `items` (anywhere in the lane) and return them."""
+        for item in items:
+            item.queued = False
+            self.tokens -= item.tokens
+        self.heap = [entry for entry in self.heap if entry[2].queued]
+        heapq.heapify(self.heap)
+        return items
+
     def prune(self) -> None:
         """Forget taken items at the old end of `arrivals` (they would otherwise pile up)."""
         arrivals = self.arrivals
@@ -104,11 +114,12 @@ class Channel:
         self.cost = CostModel()
         self._rate = 0.0                # dispatched requests per ns, exponentially decayed
         self._rate_at = 0
-        self._backlogged_since: int | None = None   # every batch cut since then was full
+        self.refused_wait_ns: int | None = None      # the predicted wait of the last refusal
         self._arrivals = 0.0            # accepted requests per ns, decayed over ARRIVAL_TAU_NS
         self._arrivals_at = 0
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
         self.last_window_ns: int | None = None
+        self.long_share = LongShare()
 
     ARRIVAL_TAU_NS = 10_000_000_000   # the offered rate `status` shows follows the last ~10 s
 
@@ -122,16 +133,19 @@ class Channel:
         """Requests dispatched per ns, recently."""
         return self._rate * math.exp(-(now_ns - self._rate_at) / self.RATE_TAU_NS)
 
-    def _hopeless(self, item: Item, now_ns: int) -> bool:
-        """Admission control: once the channel has been backlogged for a while, its drain rate
-        is its service rate; a request that the queue ahead cannot clear before its deadline is
-        better answered `overloaded` now than `deadline_exceeded` later, after holding a place.
-        A fresh burst into an idle channel is never judged on this (its past rate means nothing)."""
-        since = self._backlogged_since
-        if since is None or now_ns - since < self.RATE_TAU_NS or self.settings.run_late:
-            return False
-        rate = self.drain_rate(now_ns)
-        return rate > 0 and self.depth / rate > item.deadline_ns - now_ns
+    def backlog_ns(self, up_to_tokens: int | None = None) -> int:
+        """Device time the queued requests need, cut in full batches (the learned cost); with
+        `up_to_tokens`, only those no longer than that, which a backlog serves first."""
+        if not self.depth:
+            return 0
+        if up_to_tokens is None:
+            count, tokens = self.depth, sum(lane.tokens for lane in self.lanes.values())
+        else:
+            sizes = [entry[2].tokens for lane in self.lanes.values() for entry in lane.heap
+                     if entry[2].tokens <= up_to_tokens]
+            count, tokens = len(sizes), sum(sizes)
+        base, per_item, per_token = self.cost.coefficients()
+        return int(base * -(-count // self.sizer.max_batch()) + per_item * count + per_token * tokens)
 
     def lane_for(self, item: Item) -> Lane:
         """The lane of `item`: its model, its tenant in an isolated channel, its length bucket."""
@@ -157,14 +171,20 @@ class Channel:
         self.lanes.clear()
         self.depth = 0
 
-    def offer(self, item: Item, now_ns: int) -> bool:
-        """Queue `item`; False when the caller should answer `overloaded` at once: the queue
-        is full, or it has been backlogged long enough to know it cannot drain in time."""
-        if self.depth >= self.settings.queue_limit or self._hopeless(item, now_ns):
+    def offer(self, item: Item, now_ns: int, wait_ns: int | None = None) -> bool:
+        """Queue `item`; False when the caller should answer `overloaded` at once: the queue is
+        full, or `wait_ns` (the predicted wait before it could start; None: no prediction,
+        e.g. a device is idle) plus its own run would end past its deadline. The refusal is
+        better now than `deadline_exceeded` later, after holding a place."""
+        if self.depth >= self.settings.queue_limit:
             self.stats.overloaded += 1
+            self.refused_wait_ns = None
             return False
-        if self.depth >= self.sizer.max_batch() and self._backlogged_since is None:
-            self._backlogged_since = now_ns
+        if wait_ns is not None and not self.settings.run_late and \
+                now_ns + wait_ns + self.cost.estimate_ns(1, item.tokens) > item.deadline_ns:
+            self.stats.overloaded += 1
+            self.refused_wait_ns = wait_ns
+            return False
         self.lane_for(item).push(item)
         self.depth += 1
         if not item.warmup:
@@ -172,6 +192,8 @@ class Channel:
         self._arrivals = self.arrival_rate(now_ns) + 1 / self.ARRIVAL_TAU_NS
         self._arrivals_at = now_ns
         self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
+        _, per_item, per_token = self.cost.coefficients()
+        self.long_share.arrived(item.tokens, per_item + per_token * item.tokens)
         self.window.on_arrival(now_ns, item.tokens)
         return True
 
@@ -185,10 +207,11 @@ class Channel:
         if self.settings.run_late:
             return
         # Hopeless: even a batch of one, started when a device is next free, would end too late.
-        horizon = now_ns + device_busy_ns + self.cost.estimate_ns(1)
+        start = now_ns + device_busy_ns
+        estimate = self.cost.estimate_ns
         emptied = False
         for lane in self.lanes.values():
-            while lane.heap and lane.heap[0][0] < horizon:
+            while lane.heap and lane.heap[0][0] < start + estimate(1, lane.heap[0][2].tokens):
                 item = lane.pop()
                 out.append(item)
                 self.depth -= 1
@@ -220,26 +243,46 @@ class Channel:
         urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens)
         return min(window_end, urgent)
 
-    def form(self, lane: Lane, batch_id: int, now_ns: int) -> Batch:
-        """Cut a batch from the head of `lane`: most urgent first, up to the size and token caps."""
+    def form(self, lane: Lane, batch_id: int, now_ns: int, start_ns: int | None = None,
+             budget_ns: int | None = None) -> Batch:
+        """Cut a batch from `lane` that will start at `start_ns` (default now).
+
+        While one batch can take everything waiting, earliest deadline first, up
+        to the size and token caps. Under a backlog, the batch that gets the most
+        requests done in time: among the requests that can still finish in time,
+        shortest first while every member still does (`_feasible_first`). A batch
+        never runs longer than `budget_ns` (by the learned cost) but for its first request:
+        what a channel of higher priority can wait for.
+        """
         limit = self.sizer.max_batch()
         cap = self.settings.max_tokens
-        items: list[Item] = []
-        tokens = 0
-        while lane.heap and len(items) < limit:
-            nxt = lane.heap[0][2]
-            if items and ((cap and tokens + nxt.tokens > cap) or nxt.retries or items[0].retries):
-                break   # a request whose worker died under it runs alone: one poison input kills only itself
-            items.append(lane.pop())
-            tokens += nxt.tokens
+        start = now_ns if start_ns is None else start_ns
+        picked = None
+        if len(lane) > limit and not self.settings.run_late and not lane.heap[0][2].retries:
+            longest_first = self.long_share.owed()   # long requests are owed device time: serve them
+            picked = self._feasible_first(lane, start, limit, cap, longest_first, budget_ns)
+        if picked:
+            items = lane.take(picked)
+            tokens = sum(item.tokens for item in items)
+            _, per_item, per_token = self.cost.coefficients()
+            self.long_share.served([i.tokens for i in items], [per_item + per_token * i.tokens for i in items])
+        else:
+            items, tokens = [], 0
+            estimate = self.cost.estimate_ns
+            while lane.heap and len(items) < limit:
+                nxt = lane.heap[0][2]
+                if items and ((cap and tokens + nxt.tokens > cap) or nxt.retries or items[0].retries):
+                    break   # a request whose worker died under it runs alone: one poison input kills only itself
+                if items and budget_ns is not None and estimate(len(items) + 1, tokens + nxt.tokens) > budget_ns:
+                    break
+                items.append(lane.pop())
+                tokens += nxt.tokens
         lane.prune()
         if not lane.heap:
             self._forget_empty()
         self.depth -= len(items)
         self._rate = self.drain_rate(now_ns) + len(items) / self.RATE_TAU_NS
         self._rate_at = now_ns
-        if len(items) < limit or not self.depth:   # not filled, or nothing left: the channel keeps up
-            self._backlogged_since = None
         stats = self.stats
         if lane.warmup:   # optional work: it must not flatter or spoil the live fill figures
             stats.warmup_batches += 1
@@ -251,6 +294,31 @@ class Channel:
             for item in items:
                 stats.wait_ns += now_ns - item.arrival_ns
         return Batch(batch_id, self.name, lane.model, items, now_ns, limit, tokens)
+
+    def _feasible_first(self, lane: Lane, start: int, limit: int, cap: int, longest_first: bool,
+                        budget_ns: int | None = None) -> list[Item]:
+        """The requests to run now when more wait than one batch takes: each must finish by its
+        deadline, as long as every member still does; cheapest first (the most on time per
+        unit of device time) unless long requests are owed their share (`LongShare`), then
+        longest first. Requests that cannot make it even alone are left for `expire`; a
+        retried request is never picked here (it runs alone)."""
+        estimate = self.cost.estimate_ns
+        chosen: list[Item] = []
+        tokens, earliest = 0, NEVER
+        order = sorted(lane.heap, key=lambda e: (-e[2].tokens if longest_first else e[2].tokens, e[0]))
+        for deadline, _, item in order:
+            if len(chosen) == limit:
+                break
+            if item.retries or (cap and tokens + item.tokens > cap):
+                continue
+            end = start + estimate(len(chosen) + 1, tokens + item.tokens)
+            if chosen and budget_ns is not None and end - start > budget_ns:
+                continue
+            if end <= min(earliest, deadline):
+                chosen.append(item)
+                tokens += item.tokens
+                earliest = min(earliest, deadline)
+        return chosen
 
     def retune(self, settings: Any, fresh: "Channel") -> None:
         """Adopt new settings (tune, reload) with the policies `fresh` was built with; a policy
