@@ -48,10 +48,12 @@ def test_a_trace_csv_is_replayed_time_compressed(tmp_path):
                      "2023-11-16 18:15:46.6805900,374,44\n"
                      "2023-11-16 18:15:50.9951690,9000,109\n"
                      "2023-11-16 18:15:51.2224670,879,55\n")
-    data = run("--trace", str(trace), "--compress", "10")
+    data = run("--trace", str(trace), "--compress", "10", "--urgent-share", "0")
     assert data["requests"] == 3
     assert data["channels"]["bulk"]["offered"] == 1        # 9,000 tokens routes to bulk
     assert data["channels"]["standard"]["offered"] == 2
+    tagged = run("--trace", str(trace), "--compress", "10", "--urgent-share", "1")
+    assert tagged["channels"]["realtime"]["offered"] == 2   # the urgent share applies to a trace too (long: bulk)
 
 
 def test_status_watch_redraws_until_interrupted(monkeypatch):

@@ -39,9 +39,12 @@ def poisson_arrivals(rate_rps: float, duration_s: float, seed: int, urgent_share
         out.append(Arrival(int(t * SECOND), n, tags=tags))
 
 
-def trace_arrivals(path: Path, compress: float) -> list[Arrival]:
-    """A CSV with TIMESTAMP and ContextTokens columns (the Azure LLM trace format), sped up ×compress."""
-    return [Arrival(int(at / compress * SECOND), tokens) for at, tokens in read_trace_csv(path)]
+def trace_arrivals(path: Path, compress: float, seed: int = 1, urgent_share: float = 0.0) -> list[Arrival]:
+    """A CSV with TIMESTAMP and ContextTokens columns (the Azure LLM trace format), sped up ×compress;
+    a seeded `urgent_share` of the requests is tagged ``urgent``, as in the Poisson traffic."""
+    rng = random.Random(seed)
+    return [Arrival(int(at / compress * SECOND), tokens, tags=("urgent",) if rng.random() < urgent_share else ())
+            for at, tokens in read_trace_csv(path)]
 
 
 def device_model(cfg: cfgmod.Config, base_ms: float | None, per_item_ms: float | None,
@@ -76,7 +79,7 @@ def simulate(ctx: typer.Context,
              tokens: Optional[int] = typer.Option(None, "--tokens", min=0,
                                                   help="Tokens per request (default: the guide's 7:2:1 mix)."),
              urgent_share: float = typer.Option(0.1, "--urgent-share", min=0.0, max=1.0,
-                                                help="Fraction of requests tagged urgent."),
+                                                help="Fraction of requests tagged urgent (Poisson or --trace)."),
              trace: Optional[Path] = typer.Option(None, "--trace",
                                                   help="Replay a CSV (TIMESTAMP, ContextTokens) instead of Poisson."),
              compress: float = typer.Option(1.0, "--compress", min=0.001, help="Speed-up of the --trace times."),
@@ -91,7 +94,7 @@ def simulate(ctx: typer.Context,
         cfg = cfgmod.load(path)
         plugins = Plugins.load()
         validate_config(cfg, plugins)   # what the daemon would refuse is not simulated either
-        arrivals = trace_arrivals(trace, compress) if trace else \
+        arrivals = trace_arrivals(trace, compress, seed, urgent_share) if trace else \
             poisson_arrivals(rate, duration, seed, urgent_share, tokens)
     except (cfgmod.ConfigError, PluginError, OSError, KeyError, ValueError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
