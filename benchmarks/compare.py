@@ -37,8 +37,9 @@ def export(ref: str, into: Path) -> Path:
     return into
 
 
-def run_side(tree: Path, only: str, quick: bool) -> dict[str, float]:
-    """Goodput (req/s) per scenario from one `benchmarks.run_all` in `tree`."""
+def run_side(tree: Path, only: str, quick: bool) -> dict[str, tuple[float, float | None]]:
+    """(goodput req/s, daemon CPU µs per request at its highest fixed rate) per scenario, from one
+    `benchmarks.run_all` in `tree`."""
     command = [sys.executable, "-m", "benchmarks.run_all", "--only", only, "--quiet-wait", "5"] + (["--quick"] if quick else [])
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
@@ -46,7 +47,12 @@ def run_side(tree: Path, only: str, quick: bool) -> dict[str, float]:
     if out.returncode != 0 or not found:
         raise SystemExit(f"benchmarks failed in {tree}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
     doc = json.loads(Path(found.group(1)).read_text())
-    return {s["name"]: s.get("goodput_rps") or 0.0 for s in doc["scenarios"]}
+    out = {}
+    for s in doc["scenarios"]:
+        fixed = s.get("fixed") or []
+        cpu = fixed[-1]["cpu"].get("daemon_us_per_req") if fixed else None
+        out[s["name"]] = (s.get("goodput_rps") or 0.0, cpu)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,19 +67,27 @@ def main(argv: list[str] | None = None) -> int:
                                 cwd=REPO, capture_output=True, text=True).stdout.strip())
     print("python -m benchmarks.compare " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
     print(f"{os.cpu_count()} cores; ref {args.ref} vs this tree at {head}{' (dirty)' if dirty else ''}")
-    runs: dict[str, dict[str, list[float]]] = {"ref": {}, "this": {}}
+    runs: dict[str, dict[str, list[tuple[float, float | None]]]] = {"ref": {}, "this": {}}
     with tempfile.TemporaryDirectory(prefix="dynbatchd-ref-") as tmp:
         ref_tree = export(args.ref, Path(tmp))
         for round_ in range(args.rounds):
             for side, tree in (("ref", ref_tree), ("this", REPO)):
-                for name, goodput in run_side(tree, args.only, not args.full).items():
-                    runs[side].setdefault(name, []).append(goodput)
-                    print(f"  round {round_ + 1} {side:>4} {name}: goodput {goodput:,.0f} req/s", flush=True)
-    print(f"\n| scenario | {args.ref} (req/s) | {head} (req/s) | ratio |\n|---|---|---|---|")
+                for name, (goodput, cpu) in run_side(tree, args.only, not args.full).items():
+                    runs[side].setdefault(name, []).append((goodput, cpu))
+                    print(f"  round {round_ + 1} {side:>4} {name}: goodput {goodput:,.0f} req/s"
+                          + (f", daemon {cpu} µs/request" if cpu is not None else ""), flush=True)
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    print(f"\n| scenario | goodput {args.ref} | goodput {head} | ratio | daemon µs/req {args.ref} | "
+          f"daemon µs/req {head} | ratio |\n|---|---|---|---|---|---|---|")
     for name in runs["ref"]:
-        ref = sum(runs["ref"][name]) / len(runs["ref"][name])
-        now = sum(runs["this"][name]) / len(runs["this"][name])
-        print(f"| {name} | {ref:,.0f} | {now:,.0f} | {now / ref if ref else float('nan'):.2f} |")
+        g0, g1 = (mean([g for g, _ in runs[side][name]]) for side in ("ref", "this"))
+        c0, c1 = (mean([c for _, c in runs[side][name]]) for side in ("ref", "this"))
+        cpu = f"{c0:.1f} | {c1:.1f} | {c1 / c0:.2f}" if c0 and c1 else "| |"
+        print(f"| {name} | {g0:,.0f} | {g1:,.0f} | {g1 / g0 if g0 else float('nan'):.2f} | {cpu} |")
     return 0
 
 

@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable, Iterable
 
 from dynbatchd import protocol as P
 from dynbatchd.scheduler import Batch, Channel, Item, Scheduler
-from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_opening_ns, open_slots, pick_device
+from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_opening_ns, open_devices, open_slots
 from dynbatchd.telemetry import DeviceStats
 
 OK = "ok"
@@ -109,6 +109,7 @@ class Engine:
         self.freeze = freeze               # turns an output into what the cache may keep
         self.fingerprint = fingerprint     # payload -> identity of its input, for the quarantine
         self.quarantine: OrderedDict[Hashable, None] = OrderedDict()
+        self.device_speed: dict[tuple[str, int], float] = {}   # (channel, device) -> time taken / the channel's estimate
         self.warmup_backlog: deque[Job] = deque()
         self.warmup_channel: str | None = None
         self.stopped = False
@@ -175,12 +176,15 @@ class Engine:
             room -= 1
 
     # -- scheduling -----------------------------------------------------------
-    def _estimate(self, batch: Batch) -> int:
-        return self.channels[batch.channel].cost.estimate_ns(len(batch.items), batch.tokens)
+    def _estimate(self, batch: Batch, device: int | None = None) -> int:
+        """A batch's compute time: as the channel learned it over every device, times what `device`
+        learned of itself (a pool may mix devices of different speeds)."""
+        base = self.channels[batch.channel].cost.estimate_ns(len(batch.items), batch.tokens)
+        return base if device is None else int(base * self.device_speed.get((batch.channel, device), 1.0))
 
     def _views(self) -> list[DeviceView]:
-        return [DeviceView(len(d.held), estimated_free_at(d.held.values(), self._estimate),
-                           d.usable and not d.exclusive) for d in self.devices]
+        return [DeviceView(len(d.held), estimated_free_at(d.held.values(), lambda b, i=i: self._estimate(b, i)),
+                           d.usable and not d.exclusive) for i, d in enumerate(self.devices)]
 
     def step(self, now_ns: int) -> tuple[list[Dispatch], list[Answer]]:
         """One scheduling pass: answer the hopeless, fill every open device slot."""
@@ -217,20 +221,22 @@ class Engine:
         return dispatches, answers
 
     def _place(self, batch: Batch, views: list[DeviceView], now_ns: int) -> int | None:
-        """The device that can start `batch` soonest. A retried request goes only to an idle
-        device and runs there alone: if it kills that one too, it is certainly the cause."""
+        """The open device on which `batch` would finish soonest (by each device's learned cost;
+        fewest held on a tie). A retried request goes only to an idle device and runs there
+        alone: if it kills that one too, it is certainly the cause."""
         exclusive = any(item.retries for item in batch.items)
         choose = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0) for v in views] if exclusive else views
-        index = pick_device(choose, now_ns, self.inflight, self.lead_ns)
-        if index is None:
+        candidates = open_devices(choose, now_ns, self.inflight, self.lead_ns)
+        if not candidates:
             return None
+        ends = {i: (max(views[i].free_at_ns, now_ns) if views[i].held else now_ns) + self._estimate(batch, i)
+                for i in candidates}
+        index = min(candidates, key=lambda i: (ends[i], views[i].held))
         device = self.devices[index]
         device.held[batch.id] = (batch, now_ns)
         device.exclusive = exclusive
         device.stats.inflight = len(device.held)
-        view = views[index]
-        views[index] = DeviceView(view.held + 1, max(view.free_at_ns, now_ns) + self._estimate(batch),
-                                  view.usable and not exclusive)
+        views[index] = DeviceView(views[index].held + 1, ends[index], views[index].usable and not exclusive)
         return index
 
     def next_wakeup(self) -> int | None:
@@ -270,6 +276,12 @@ class Engine:
         dev.stats.batches += 1
         dev.stats.items += n
         dev.stats.busy_ns += outcome.compute_ns
+        cost = self.channels[batch.channel].cost
+        expected = cost.estimate_ns(n, batch.tokens)
+        if expected > 0 and cost.samples >= 8:   # this device against a settled channel model, over ~20 batches
+            key = (batch.channel, device)
+            ratio = min(100.0, max(0.01, outcome.compute_ns / expected))
+            self.device_speed[key] = self.device_speed.get(key, 1.0) * 0.95 + 0.05 * ratio
         self.scheduler.completed(batch, outcome.compute_ns, now_ns)
         if outcome.oom:
             self.scheduler.out_of_memory(batch)

@@ -205,8 +205,11 @@ def test_the_daemon_sends_a_batch_to_the_device_free_first_and_only_when_it_is_d
     at = 1000 * MS
     trace = wave + [(t + at, k, c) for t, k, c in wave]
     daemon = simulate(ch1, trace, device=DEV, devices=2, inflight=2)
-    assert [(b.device, b.formed_ns - at, b.start_ns - at, b.end_ns - at) for b in daemon.batches[3:]] == [
-        (1, 1 * MS, 1 * MS, 11 * MS), (0, 0, 0, 18 * MS), (1, 10 * MS, 11 * MS, 19.5 * MS)]
+    four, twenty, last = sorted(daemon.batches[3:], key=lambda b: b.formed_ns if b.size != 4 else -1)
+    assert (four.size, four.start_ns - at, four.end_ns - at) == (4, 1 * MS, 11 * MS)
+    assert (twenty.size, twenty.start_ns - at, twenty.end_ns - at) == (20, 0, 18 * MS)
+    assert four.device != twenty.device and last.device == four.device   # the one that frees first
+    assert (last.formed_ns - at, last.start_ns - at, last.end_ns - at) == (10 * MS, 11 * MS, 19.5 * MS)
 
 
 # -- the benchmark traces ------------------------------------------------------
@@ -290,3 +293,19 @@ def test_failed_attempts_cost_device_time_as_the_worker_pays_them():
     r = simulate({"s": ch(max_batch=16, window_ms=0)}, [(0, 0, "s")] * 16, device=dev)
     (b,) = r.batches
     assert b.oom and b.compute_ns == (2 + 12 + 12) * MS
+
+
+def test_a_mixed_pool_learns_each_device_and_sends_a_batch_where_it_finishes_soonest():
+    fast, slow = DeviceModel(base_ms=4.0, per_item_ms=0.25), DeviceModel(base_ms=12.0, per_item_ms=0.75)
+    rng = random.Random(2)
+    trace, t = [], 0
+    for _ in range(3000):
+        t += int(rng.expovariate(600) * 1e9)   # about 60% of what the pair can do
+        trace.append((t, 0, "s"))
+    r = simulate({"s": ch(max_batch=32, window_ms=5, deadline_ms=1000)}, trace, device=[slow, fast])
+    work = [sum(b.size for b in r.batches if b.device == d) for d in (0, 1)]
+    assert work[1] > 1.5 * work[0]                 # the fast device (index 1) takes most of the work
+    lone = [b for b in r.batches[100:] if b.start_ns == b.formed_ns and
+            not any(o.device != b.device and o.start_ns <= b.formed_ns < o.end_ns for o in r.batches)]
+    assert lone and all(b.device == 1 for b in lone)   # with both idle, the batch goes to the fast one
+    assert r.counts()["completed"] == 3000

@@ -115,6 +115,7 @@ class Channel:
         self._rate = 0.0                # dispatched requests per ns, exponentially decayed
         self._rate_at = 0
         self.refused_wait_ns: int | None = None      # the predicted wait of the last refusal
+        self._backlogged_since: int | None = None   # more queued than a batch takes, since then
         self._arrivals = 0.0            # accepted requests per ns, decayed over ARRIVAL_TAU_NS
         self._arrivals_at = 0
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
@@ -132,6 +133,19 @@ class Channel:
     def drain_rate(self, now_ns: int) -> float:
         """Requests dispatched per ns, recently."""
         return self._rate * math.exp(-(now_ns - self._rate_at) / self.RATE_TAU_NS)
+
+    def _drain_wait_ns(self, now_ns: int) -> int:
+        """The wait the queue's measured drain rate predicts, once it has been backlogged for a
+        while and fills faster than it drains: it sees what the cost model cannot, a daemon or
+        transport slower than the device.
+        A fresh burst into an idle channel is not judged on it (its past rate means nothing)."""
+        since = self._backlogged_since
+        if since is None or now_ns - since < self.RATE_TAU_NS:
+            return 0
+        rate = self.drain_rate(now_ns)
+        if rate <= 0 or self.arrival_rate(now_ns) < 1.1 * rate:
+            return 0   # keeping up (a channel served near its deadlines by design drains as fast as it fills)
+        return int(self.depth / rate)
 
     def backlog_ns(self, up_to_tokens: int | None = None) -> int:
         """Device time the queued requests need, cut in full batches (the learned cost); with
@@ -180,11 +194,15 @@ class Channel:
             self.stats.overloaded += 1
             self.refused_wait_ns = None
             return False
+        if wait_ns is not None:
+            wait_ns = max(wait_ns, self._drain_wait_ns(now_ns))
         if wait_ns is not None and not self.settings.run_late and \
                 now_ns + wait_ns + self.cost.estimate_ns(1, item.tokens) > item.deadline_ns:
             self.stats.overloaded += 1
             self.refused_wait_ns = wait_ns
             return False
+        if self.depth >= self.sizer.max_batch() and self._backlogged_since is None:
+            self._backlogged_since = now_ns
         self.lane_for(item).push(item)
         self.depth += 1
         if not item.warmup:
@@ -258,7 +276,7 @@ class Channel:
         cap = self.settings.max_tokens
         start = now_ns if start_ns is None else start_ns
         picked = None
-        if len(lane) > limit and not self.settings.run_late and not lane.heap[0][2].retries:
+        if len(lane) > limit and not self.settings.run_late and not lane.heap[0][2].retries and self._sizes_matter(lane):
             longest_first = self.long_share.owed()   # long requests are owed device time: serve them
             picked = self._feasible_first(lane, start, limit, cap, longest_first, budget_ns)
         if picked:
@@ -283,6 +301,8 @@ class Channel:
         self.depth -= len(items)
         self._rate = self.drain_rate(now_ns) + len(items) / self.RATE_TAU_NS
         self._rate_at = now_ns
+        if self.depth < limit:   # what is left fits one batch: not backlogged
+            self._backlogged_since = None
         stats = self.stats
         if lane.warmup:   # optional work: it must not flatter or spoil the live fill figures
             stats.warmup_batches += 1
@@ -294,6 +314,12 @@ class Channel:
             for item in items:
                 stats.wait_ns += now_ns - item.arrival_ns
         return Batch(batch_id, self.name, lane.model, items, now_ns, limit, tokens)
+
+    def _sizes_matter(self, lane: Lane) -> bool:
+        """Whether picking by size can pay: the tokens of a mean request cost more device time than
+        the request itself (else, e.g. for a no-op model, the scan would cost more than it saves)."""
+        _, per_item, per_token = self.cost.coefficients()
+        return per_token * lane.tokens / len(lane) > per_item
 
     def _feasible_first(self, lane: Lane, start: int, limit: int, cap: int, longest_first: bool,
                         budget_ns: int | None = None) -> list[Item]:

@@ -61,6 +61,12 @@ def next_opening_ns(devices: Sequence[DeviceView], now_ns: int, inflight: int, l
     return min(times) if times else None
 
 
+def open_devices(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_ns: int) -> list[int]:
+    """Indexes of the devices that may take a new batch now."""
+    return [i for i, d in enumerate(devices)
+            if d.usable and d.held < inflight and _opens_at(d, now_ns, lead_ns) <= now_ns]
+
+
 def pick_device(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_ns: int) -> int | None:
     """Index of the open device that can start a new batch soonest (fewest held on a tie)."""
     best, best_key = None, None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 from functools import cache
 from types import SimpleNamespace
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from dynbatchd import protocol as P
 from dynbatchd.engine import OK, Answer, Engine, Job, Outcome
@@ -68,14 +68,15 @@ class _Device:
 
 
 def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
-             device: DeviceModel | None = None, devices: int = 1, inflight: int = 2,
+             device: DeviceModel | Sequence[DeviceModel] | None = None, devices: int = 1, inflight: int = 2,
              window_policies: Mapping[str, Any] | None = None, sizers: Mapping[str, Any] | None = None,
              route: Router | None = None, routing: Any = None, plugins: Any = None,
              observe_every_ms: float = 1000.0, queue_lead_ms: float = 1.0,
              max_events: int = 50_000_000) -> SimResult:
     """Run `arrivals` through the daemon's engine on `devices` simulated devices.
 
-    `channels`: name -> ChannelSettings (each may name its window and batch-size
+    `device`: one DeviceModel for every device, or one per device (a mixed pool;
+    `devices` is then their number). `channels`: name -> ChannelSettings (each may name its window and batch-size
     policy). `window_policies` / `sizers`: the factories by name, e.g.
     ``Plugins.load().window_policies()``; the built-in fixed/static are always
     there. Routing: `route` (a function of an Arrival), else `routing`
@@ -91,7 +92,10 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
         >>> [b.end_ns for b in r.batches]
         [24000000, 48000000]
     """
-    model = device or DeviceModel()
+    if isinstance(device, (list, tuple)):
+        models, devices = list(device), len(device)
+    else:
+        models = [device or DeviceModel()] * devices
     if devices < 1 or inflight < 1:
         raise ValueError("need at least one device with at least one slot")
     trace = sorted((as_arrival(a) for a in arrivals), key=lambda a: a.at_ns)
@@ -103,7 +107,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
                     queue_lead_ns=int(queue_lead_ms * MS), now_ns=first)
     for index in range(devices):
         engine.device_up(index)
-    runner = VirtualRunner(model)
+    runners = [VirtualRunner(m) for m in models]
     devs = [_Device() for _ in range(devices)]
     outcome, latency, slo, channel_of = bytearray(n), [0] * n, [0] * n, [""] * n
     records: list[BatchRecord] = []
@@ -124,7 +128,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
         dispatches, answers = engine.step(at)
         answer(answers, at)
         for d in dispatches:
-            run, compute = runner.execute([item.tokens for item in d.batch.items])
+            run, compute = runners[d.device].execute([item.tokens for item in d.batch.items])
             dev = devs[d.device]
             start = max(at, dev.free_at)
             dev.free_at = start + compute
@@ -157,7 +161,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
             answer(engine.completed(index, batch_id, done, now), now)
             devs[index].busy_ns += done.compute_ns
             size = len(batch.items)
-            peak_memory = max(peak_memory, model.memory_fraction(size, batch.tokens))
+            peak_memory = max(peak_memory, models[index].memory_fraction(size, batch.tokens))
             records.append(BatchRecord(batch.id, batch.channel, index, size, batch.tokens, batch.formed_ns, start,
                                        now, done.compute_ns, batch.max_batch, done.oom,
                                        tuple(sorted({str(it.tenant) for it in batch.items}))))
