@@ -4,6 +4,10 @@ Utilisation and memory use come from NVML on GPUs; on the CPU, utilisation
 is the worker's measured busy fraction and memory is not reported (0). The
 same beat replaces a worker that has held a batch too long (hung in a model,
 or answering with messages the daemon cannot read).
+
+The last NVML reading of each GPU (utilisation, memory used and total, power)
+is kept in `gpu_readings()`, by device name ("cuda:0"), for `/metrics`; a device
+NVML does not answer for (the CPU, a GPU without a driver) has none there.
 """
 
 from __future__ import annotations
@@ -15,29 +19,53 @@ from dynbatchd.devices.pool import DevicePool
 from dynbatchd.engine import Engine
 from dynbatchd.telemetry import NvmlProbe
 
+# device name -> its latest NVML reading. One daemon per process: the devices it observes.
+_latest: dict[str, NvmlProbe.Reading] = {}
+
+
+def gpu_readings() -> dict[str, NvmlProbe.Reading]:
+    """The latest NVML reading of each device NVML answered for at the last beat (a copy)."""
+    return dict(_latest)
+
+
+def sample_devices(engine: Engine, probe: NvmlProbe, last: list[tuple[int, int]], now: int) -> None:
+    """One beat's readings: keep each GPU's NVML figures, and tell the engine the mean
+    utilisation (NVML's, else the worker's busy fraction since the last beat) and the fullest
+    device's memory use. `last` holds each device's (busy_ns, time) at the previous beat."""
+    utils, mems = [], []
+    for i, device in enumerate(engine.devices):
+        busy0, t0 = last[i]
+        last[i] = (device.stats.busy_ns, now)
+        reading = probe.sample(device.name)
+        if reading is None:
+            _latest.pop(device.name, None)
+        else:
+            _latest[device.name] = reading
+        if reading is not None and reading.memory_fraction is not None:
+            mems.append(reading.memory_fraction)
+        if reading is not None and reading.utilisation is not None:
+            utils.append(reading.utilisation)
+        elif now > t0:
+            utils.append(min(1.0, (device.stats.busy_ns - busy0) / (now - t0)))
+    engine.memory_used = max(mems) if mems else 0.0
+    engine.observe(now, sum(utils) / len(utils) if utils else 0.0, engine.memory_used)
+
 
 async def observe_devices(engine: Engine, pool: DevicePool, clock: Callable[[], int], after: Callable[[], None],
-                          hung_after_s: float, every_s: float = 1.0) -> None:
+                          hung_after_s: float, every_s: float = 1.0, probe: NvmlProbe | None = None) -> None:
     """Forever: every `every_s`, replace workers stuck on a batch for `hung_after_s`, tell the
     engine (utilisation, memory), then `after()`."""
-    probe = NvmlProbe()
+    probe = probe if probe is not None else NvmlProbe()
     last = [(d.stats.busy_ns, clock()) for d in engine.devices]
-    while True:
-        await asyncio.sleep(every_s)
-        now = clock()
-        if hung_after_s > 0:
-            for index in engine.overdue(now, int(hung_after_s * 1e9)):
-                pool.kill(index, f"has held a batch for more than {hung_after_s:g} s")
-        utils, mems = [], []
-        for i, device in enumerate(engine.devices):
-            busy0, t0 = last[i]
-            last[i] = (device.stats.busy_ns, now)
-            reading = probe.read(device.name)
-            if reading is not None:
-                utils.append(reading[0])
-                mems.append(reading[1])
-            elif now > t0:
-                utils.append(min(1.0, (device.stats.busy_ns - busy0) / (now - t0)))
-        engine.memory_used = max(mems) if mems else 0.0
-        engine.observe(now, sum(utils) / len(utils) if utils else 0.0, engine.memory_used)
-        after()
+    try:
+        while True:
+            await asyncio.sleep(every_s)
+            now = clock()
+            if hung_after_s > 0:
+                for index in engine.overdue(now, int(hung_after_s * 1e9)):
+                    pool.kill(index, f"has held a batch for more than {hung_after_s:g} s")
+            sample_devices(engine, probe, last, now)
+            after()
+    finally:
+        for device in engine.devices:   # stopped: no reading is current any more
+            _latest.pop(device.name, None)
