@@ -27,6 +27,7 @@ class ResultCache:
         self._data: OrderedDict[Hashable, Any] = OrderedDict()
         self.hits = 0
         self.misses = 0
+        self.evictions = 0
 
     def __len__(self) -> int:
         return len(self._data)
@@ -50,8 +51,9 @@ class ResultCache:
         self._data.move_to_end(key)
         while len(self._data) > self.capacity:
             self._data.popitem(last=False)
+            self.evictions += 1
 
     def snapshot(self) -> dict[str, Any]:
         looked = self.hits + self.misses
         return {"entries": len(self._data), "capacity": self.capacity, "hits": self.hits,
-                "misses": self.misses, "hit_rate": self.hits / looked if looked else 0.0}
+                "misses": self.misses, "evictions": self.evictions, "hit_rate": self.hits / looked if looked else 0.0}

@@ -125,7 +125,7 @@ class Engine:
         channel = self.channels[job.channel]
         if self.stopped:
             return Answer(job.payload, P.SHUTTING_DOWN, "daemon is shutting down")
-        if self.devices and all(d.gone for d in self.devices):
+        if self.devices[0].gone and all(d.gone for d in self.devices):
             return Answer(job.payload, P.UNAVAILABLE, "no device is left to run this model; see the daemon's log")
         if job.cache_key is not None and self.cache is not None and not channel.settings.isolated:
             hit = self.cache.get(job.cache_key)
@@ -139,8 +139,12 @@ class Engine:
         self._keys += 1
         item = Item(self._keys, job.model, now_ns, now_ns + int(job.deadline_ms * 1e6), job.tokens, job.tenant,
                     job, job.channel, warmup=job.warmup)
-        usable = [d for d in self.devices if d.usable]
-        if self.scheduler.submit(item, now_ns, len(usable), any(not d.held for d in usable)):
+        usable = idle = 0
+        for d in self.devices:
+            if d.usable:
+                usable += 1
+                idle = idle or not d.held
+        if self.scheduler.submit(item, now_ns, usable, bool(idle)):
             return None
         wait = channel.refused_wait_ns
         why = (f"queue is full ({channel.settings.queue_limit})" if wait is None else

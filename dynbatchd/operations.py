@@ -7,6 +7,7 @@ these; none of them touches a socket.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -16,6 +17,7 @@ import msgspec
 from dynbatchd import __version__, config as cfgmod, protocol as P, systemd
 from dynbatchd.config import Config, ConfigError
 from dynbatchd.devices.batches import Pending
+from dynbatchd.devices.observer import gpu_readings
 from dynbatchd.engine import Job
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.scheduler import build_channels
@@ -45,7 +47,10 @@ class Operations:
     def status(self) -> dict[str, Any]:
         now = self.clock()
         snap = self.engine.snapshot(now)
-        devices = [{**d, **self.pool.describe(i)} if self.pool else d for i, d in enumerate(snap["devices"])]
+        gpus = gpu_readings()
+        devices = [{**d, **(self.pool.describe(i) if self.pool else {}),
+                    **({"gpu": dataclasses.asdict(gpus[d["device"]])} if d["device"] in gpus else {})}
+                   for i, d in enumerate(snap["devices"])]
         deadlines = {name: c.deadline_ms for name, c in self.config.channels.items()}
         return {
             "daemon": {"version": __version__, "pid": os.getpid(), "state": self.state,

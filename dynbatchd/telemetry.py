@@ -131,6 +131,7 @@ class ChannelStats:
     cache_hits: int = 0       # answered from the result cache: no latency, no batch
     warmup_batches: int = 0   # warmup work, kept out of fill and latency
     warmup_items: int = 0
+    batch_sizes: dict[int, int] = field(default_factory=dict)   # live batches by size
     latency: LatencyRecorder = field(default_factory=LatencyRecorder)
 
     def on_time(self) -> int:
@@ -164,6 +165,8 @@ class ChannelStats:
             "offered": self.offered(),
             "scheduling_efficiency": scheduling_efficiency(self.compute_ns, self.wait_ns),
             "cache_hits": self.cache_hits,
+            "batch_sizes": dict(self.batch_sizes), "compute_s": self.compute_ns / 1e9, "wait_s": self.wait_ns / 1e9,
+            "fill_sum": self.fill_sum, "batched_items": self.batched_items,
             "warmup": {"batches": self.warmup_batches, "items": self.warmup_items},
             "window": policy,
         }

@@ -70,7 +70,8 @@ class Scheduler:
         """
         channel = self.channels[item.channel]
         wait = None
-        if not idle and channel.cost.samples and not channel.long_share.is_long(item.tokens):
+        if not idle and channel.depth >= channel.sizer.max_batch() and channel.cost.samples \
+                and not channel.long_share.is_long(item.tokens):   # (less than a batch queued: nothing to predict)
             # (A long request is never judged on the short ones a backlog serves first: its
             # floor of device time, `LongShare`, serves it; if not in time, it expires.)
             mine = channel.settings.priority

@@ -310,6 +310,7 @@ class Channel:
         else:
             stats.batches += 1
             stats.batched_items += len(items)
+            stats.batch_sizes[len(items)] = stats.batch_sizes.get(len(items), 0) + 1
             stats.fill_sum += len(items) / limit
             for item in items:
                 stats.wait_ns += now_ns - item.arrival_ns
