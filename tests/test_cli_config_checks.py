@@ -19,15 +19,9 @@ from dynbatchd.control import commands
 from dynbatchd.plugins import Plugins
 from dynbatchd.validation import validate_config
 
-REPO = Path(__file__).resolve().parent.parent
+from test_config_plugins import BASE   # one minimal config for all the config tests
 
-BASE = """
-[models.m]
-runner = "noop"
-[channels.standard]
-max_batch = 8
-window_ms = 10
-"""
+REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
