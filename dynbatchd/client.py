@@ -9,6 +9,14 @@ the call sets another; `None` (no limit) only when asked for explicitly. A
 request that runs out raises `Timeout`, which is also a `TimeoutError`, and
 closing a client fails whatever it still has in flight with `ClientClosed`,
 so no caller waits forever on a daemon that went away.
+
+A daemon with ``[daemon] curve`` on takes CURVE clients only on its tcp://
+addresses: give each client its key pair and the daemon's public key,
+``curve=CurveKeys.load("client.key_secret", "server.key")`` (files from
+``dynbatchctl keygen``). A client whose key the daemon does not admit gets no
+answer at all (a `Timeout`; `control_call` says "refused" as soon as the
+handshake fails). The keys are used on tcp:// endpoints only: ipc:// relies on
+file permissions.
 """
 
 from __future__ import annotations
@@ -16,8 +24,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import threading
+import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Iterable
 
 import msgspec
@@ -25,7 +35,7 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from dynbatchd import protocol as P
+from dynbatchd import config as cfgmod, protocol as P
 
 
 class DynbatchdError(Exception):
@@ -58,6 +68,31 @@ class Result:
     id: int | str
     output: Any
     timing: P.Timing
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """A client's CURVE key pair and the public key of the daemon it talks to (Z85, 40 bytes each)."""
+    public: bytes
+    secret: bytes
+    server: bytes
+
+    @classmethod
+    def load(cls, client_key_file: str | Path, server_key_file: str | Path) -> "CurveKeys":
+        """From a client's NAME.key_secret and the daemon's server.key (dynbatchctl keygen);
+        `dynbatchd.config.KeyFileError` (a ValueError) names a file that will not do."""
+        public, secret = cfgmod.read_key_file(client_key_file, secret=True)
+        server, _ = cfgmod.read_key_file(server_key_file)
+        return cls(public, secret, server)
+
+    def apply(self, sock: zmq.Socket, endpoint: str) -> bool:
+        """Make `sock` a CURVE client of the daemon if `endpoint` is tcp:// (before connect)."""
+        if not endpoint.startswith("tcp://"):
+            return False
+        sock.setsockopt(zmq.CURVE_SERVERKEY, self.server)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
+        return True
 
 
 def build_request(req_id: int, model: str, inputs: Any, **meta: Any) -> list[Any]:
@@ -121,16 +156,19 @@ class AsyncClient:
     request that runs out raises `Timeout` (a `TimeoutError`). Only an
     explicit ``timeout=None`` waits forever. `close()` fails every request
     still in flight with `ClientClosed`: no call is left waiting on a daemon
-    that went away.
+    that went away. `curve`: this client's keys and the daemon's public key
+    (`CurveKeys`), for a daemon with CURVE on (used on tcp:// only).
     """
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, timeout: float | None = DEFAULT_TIMEOUT_S,
-                 context: zmq.asyncio.Context | None = None):
+                 context: zmq.asyncio.Context | None = None, curve: CurveKeys | None = None):
         self.endpoint = endpoint
         self.timeout = timeout
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self._sock, endpoint)
         self._sock.connect(endpoint)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
@@ -226,10 +264,12 @@ class Client:
     request unless a call gives its own (``timeout=None`` only when asked:
     no limit). Past it the request raises `Timeout` (a `TimeoutError`).
     `close()` resolves every Future still pending with `ClientClosed`, and a
-    `submit` after close returns a Future already failed that way.
+    `submit` after close returns a Future already failed that way. `curve`: as
+    for `AsyncClient`.
     """
 
-    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, timeout: float | None = DEFAULT_TIMEOUT_S):
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, timeout: float | None = DEFAULT_TIMEOUT_S,
+                 curve: CurveKeys | None = None):
         self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="dynbatchd-client", daemon=True)
@@ -237,10 +277,10 @@ class Client:
         self._futures: set[Future] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._async = self._call(self._make(endpoint, timeout))
+        self._async = self._call(self._make(endpoint, timeout, curve))
 
-    async def _make(self, endpoint: str, timeout: float | None) -> AsyncClient:
-        return AsyncClient(endpoint, timeout=timeout, context=zmq.asyncio.Context())
+    async def _make(self, endpoint: str, timeout: float | None, curve: CurveKeys | None) -> AsyncClient:
+        return AsyncClient(endpoint, timeout=timeout, context=zmq.asyncio.Context(), curve=curve)
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
@@ -316,26 +356,67 @@ class Client:
         self.close()
 
 
-def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, **args: Any) -> Any:
-    """One control-socket request; returns `result` or raises DynbatchdError with the daemon's message."""
+_HANDSHAKE_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                        | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+def _handshake_refusal(monitor: zmq.Socket) -> str | None:
+    """Why the daemon refused our CURVE handshake, from the client socket's monitor, or None."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    while monitor.poll(0):
+        event = recv_monitor_message(monitor)
+        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return "the daemon refused this client's CURVE key (not among its admitted client keys)"
+        if event["event"] & _HANDSHAKE_FAILED:
+            return "the CURVE handshake failed (is the server key the daemon's own, and CURVE on there?)"
+    return None
+
+
+def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: CurveKeys | None = None,
+                 **args: Any) -> Any:
+    """One control-socket request; returns `result` or raises DynbatchdError with the daemon's message.
+
+    `curve`: this client's keys and the daemon's public key, for a tcp:// control socket
+    with CURVE on; a refused handshake raises DynbatchdError (code ``refused``) at once.
+    """
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    monitor = None
     try:
         try:
             request = P.encoder.encode({"cmd": cmd, "args": args})
         except (OverflowError, TypeError) as exc:   # e.g. an integer msgpack cannot carry
             raise DynbatchdError(f"cannot send {cmd}: {exc}", "bad_request") from None
+        if curve is not None and curve.apply(sock, endpoint):
+            monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
         sock.connect(endpoint)
         sock.send(request)
-        if not sock.poll(int(timeout_s * 1000)):
-            raise DynbatchdError(f"no answer from the daemon's control socket {endpoint} within {timeout_s:g} s "
-                                 "(is dynbatchd running?)", "unreachable")
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            ready = dict(poller.poll(left_ms))
+            if sock in ready:
+                break
+            why = _handshake_refusal(monitor) if monitor is not None and monitor in ready else None
+            if why:
+                raise DynbatchdError(f"{endpoint}: {why}", "refused")
+            if not ready or time.monotonic() >= deadline:
+                raise DynbatchdError(f"no answer from the daemon's control socket {endpoint} within {timeout_s:g} s "
+                                     "(is dynbatchd running?)", "unreachable")
         try:
             reply = msgspec.msgpack.decode(sock.recv())
         except msgspec.DecodeError as exc:
             raise DynbatchdError(f"unreadable answer from {endpoint}: {exc}", "control") from None
     finally:
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close(0)
         sock.close(0)
     if not isinstance(reply, dict) or not reply.get("ok"):
         if not isinstance(reply, dict):

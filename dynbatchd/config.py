@@ -7,9 +7,11 @@ Unknown keys are errors, not silently ignored.
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -23,6 +25,12 @@ else:  # pragma: no cover
     import tomli as tomllib
 
 CONFIG_ENV = "DYNBATCHD_CONFIG"
+# The control socket's file name in the runtime directory (see `runtime_dir`).
+CONTROL_SOCKET = "control.sock"
+# The runtime directory systemd makes for dynbatchd.service (RuntimeDirectory=dynbatchd).
+SYSTEM_RUNTIME_DIR = "/run/dynbatchd"
+# Where the daemon's CURVE keys live: server.key_secret, server.key and clients/*.key.
+DEFAULT_KEYS_DIR = "/etc/dynbatchd/keys"
 # Searched in this order after --config and $DYNBATCHD_CONFIG (see `find_config`).
 DEFAULT_CONFIG_PATHS = ("etc/dynbatchd.toml", "/etc/dynbatchd/dynbatchd.toml")
 
@@ -54,9 +62,69 @@ class Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     pass
 
 
+def private_runtime_dir(env: dict[str, str] | None = None) -> Path:
+    """A directory of this user's own for sockets: ``$XDG_RUNTIME_DIR/dynbatchd``, else
+    ``/tmp/dynbatchd-UID``. The daemon creates it mode 0700 (`ensure_private_dir`)."""
+    env = os.environ if env is None else env
+    xdg = env.get("XDG_RUNTIME_DIR", "")
+    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
+        return Path(xdg) / "dynbatchd"
+    return Path("/tmp") / f"dynbatchd-{os.getuid()}"
+
+
+def runtime_dir(env: dict[str, str] | None = None) -> Path:
+    """The directory the default control socket lives in; the daemon and dynbatchctl both ask here.
+
+    1. ``$RUNTIME_DIRECTORY`` (the first of its paths): systemd sets it for the
+       service (RuntimeDirectory=dynbatchd, so ``/run/dynbatchd``);
+    2. ``/run/dynbatchd`` where it exists: the system service is running, so an
+       operator's dynbatchctl (or the warmup unit's) finds its socket;
+    3. this user's private directory (`private_runtime_dir`), e.g. for a daemon run
+       from a checkout.
+    """
+    env = os.environ if env is None else env
+    systemd_dir = env.get("RUNTIME_DIRECTORY", "").split(":")[0]
+    if systemd_dir:
+        return Path(systemd_dir)
+    if os.path.isdir(SYSTEM_RUNTIME_DIR):
+        return Path(SYSTEM_RUNTIME_DIR)
+    return private_runtime_dir(env)
+
+
+def default_control(env: dict[str, str] | None = None) -> str:
+    """The default ``[daemon] control``: ``ipc://RUNTIME_DIR/control.sock`` (see `runtime_dir`)."""
+    return f"ipc://{runtime_dir(env) / CONTROL_SOCKET}"
+
+
+class UnsafeDirectory(OSError):
+    """A directory the control socket must not go into; `strerror` says why, in one line."""
+
+
+def ensure_private_dir(path: str | os.PathLike) -> Path:
+    """Create `path` mode 0700 if missing; refuse (UnsafeDirectory) one that another user owns,
+    since whoever can reach the control socket can stop the daemon. One of ours that others
+    may enter is closed (chmod 0700)."""
+    path = Path(path)
+    try:
+        path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise UnsafeDirectory(errno.ENOTDIR, f"{path} is not a directory")
+    if info.st_uid != os.getuid():
+        raise UnsafeDirectory(errno.EPERM, f"{path} belongs to uid {info.st_uid}, not to this user "
+                                   f"(uid {os.getuid()}): refusing to put the control socket there")
+    if info.st_mode & 0o077:
+        os.chmod(path, 0o700)   # ours, but too open (made by hand?): close it
+    return path
+
+
 class DaemonSettings(Frozen, kw_only=True):
     listen: str = "tcp://127.0.0.1:5555"
-    control: str = "tcp://127.0.0.1:5556"
+    control: str = msgspec.field(default_factory=default_control)
+    curve: bool = False
+    keys_dir: str = DEFAULT_KEYS_DIR
     metrics_listen: str = ""
     max_request_bytes: Annotated[int, Meta(ge=1, le=1 << 30)] = 1 << 20
     drain_timeout_s: Seconds = 30.0
@@ -125,7 +193,7 @@ class CacheSettings(Frozen, kw_only=True):
 
 
 class Config(Frozen, kw_only=True):
-    daemon: DaemonSettings = DaemonSettings()
+    daemon: DaemonSettings = msgspec.field(default_factory=DaemonSettings)
     devices: DeviceSettings = DeviceSettings()
     models: dict[str, ModelSettings]
     channels: dict[str, ChannelSettings]
@@ -220,11 +288,18 @@ def _check_references(cfg: Config) -> None:
         ep = getattr(cfg.daemon, ep_key)
         if not re.match(r"^(tcp|ipc|inproc)://.+", ep):
             raise ConfigError(src, f"daemon.{ep_key}", f"{ep!r} is not a ZeroMQ endpoint (tcp://, ipc://)")
-    if not is_private_endpoint(cfg.daemon.control):
+    control = cfg.daemon.control
+    if control.startswith("ipc://@"):
         raise ConfigError(src, "daemon.control",
-                          f"{cfg.daemon.control!r} is not a loopback address: the control socket has no "
-                          "authentication, so it must be tcp://127.0.0.1:PORT, tcp://[::1]:PORT, "
-                          "tcp://localhost:PORT or an ipc:// path")
+                          f"{control!r} is an abstract socket, which has no file permissions: any local "
+                          "user could retune or stop the daemon; use an ipc:// path")
+    if not cfg.daemon.curve and not is_private_endpoint(control):
+        raise ConfigError(src, "daemon.control",
+                          f"{control!r} is not a loopback address and CURVE is off: without "
+                          "authentication the control socket must be tcp://127.0.0.1:PORT, tcp://[::1]:PORT, "
+                          "tcp://localhost:PORT or an ipc:// path (or set daemon.curve = true)")
+    if not cfg.daemon.keys_dir:
+        raise ConfigError(src, "daemon.keys_dir", "must name a directory")
     if cfg.daemon.metrics_listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.daemon.metrics_listen):
         raise ConfigError(src, "daemon.metrics_listen", f"{cfg.daemon.metrics_listen!r} is not HOST:PORT")
     if isinstance(cfg.devices.use, str) and cfg.devices.use != "auto":
@@ -236,11 +311,14 @@ def _check_references(cfg: Config) -> None:
 
 
 def is_private_endpoint(endpoint: str) -> bool:
-    """True for ipc:// and inproc:// endpoints and for tcp:// on a loopback address only.
+    """True for ipc:// (not abstract, ``ipc://@NAME``) and inproc:// endpoints and for tcp:// on
+    a loopback address only.
 
     A wildcard (`tcp://*:5556`), an interface name or any other address is not:
     whoever can reach it could retune and stop the daemon.
     """
+    if endpoint.startswith("ipc://@"):
+        return False
     if not endpoint.startswith("tcp://"):
         return True
     host = endpoint[len("tcp://"):].rpartition(":")[0]
@@ -317,3 +395,128 @@ def with_channel(cfg: Config, name: str, **changes: Any) -> Config:
 
 def to_dict(cfg: Config) -> dict[str, Any]:
     return msgspec.to_builtins(cfg)
+
+
+# -- CURVE key files ---------------------------------------------------------------
+# pyzmq's certificate format (what zmq.auth.load_certificate reads and zmq.auth's
+# configure_curve looks for): NAME.key holds a public key, NAME.key_secret the pair.
+# The daemon's own pair is KEYS_DIR/server.key_secret (server.key is the half its clients
+# need); the client keys it admits are the KEYS_DIR/clients/*.key files.
+
+SERVER_KEY_NAME = "server"
+CLIENTS_DIR = "clients"
+_KEY_NAME_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
+
+
+class KeyFileError(ValueError):
+    """A key file that cannot be used; `str()` names the file and what is wrong, on one line."""
+
+
+def server_secret_key_file(daemon: DaemonSettings) -> Path:
+    return Path(daemon.keys_dir) / f"{SERVER_KEY_NAME}.key_secret"
+
+
+def server_public_key_file(daemon: DaemonSettings) -> Path:
+    return Path(daemon.keys_dir) / f"{SERVER_KEY_NAME}.key"
+
+
+def client_keys_dir(daemon: DaemonSettings) -> Path:
+    return Path(daemon.keys_dir) / CLIENTS_DIR
+
+
+def curve_endpoints(daemon: DaemonSettings) -> list[str]:
+    """The addresses CURVE secures: every tcp:// one of listen and control, when curve is on.
+    ipc:// sockets keep relying on file permissions."""
+    return [ep for ep in (daemon.listen, daemon.control) if daemon.curve and ep.startswith("tcp://")]
+
+
+def _valid_z85_key(key: bytes) -> bool:
+    from zmq.utils import z85
+
+    if len(key) != 40:
+        return False
+    try:
+        return len(z85.decode(key)) == 32
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def read_key_file(path: str | os.PathLike, *, secret: bool = False) -> tuple[bytes, bytes | None]:
+    """(public, secret or None) z85 keys of a key file; `secret`: the file must hold the secret half.
+
+    Raises KeyFileError naming the file. A file with a secret key that other users
+    may read (or that its group may write) is refused, as ssh refuses such a key.
+    """
+    from zmq.auth import load_certificate
+
+    path = Path(path)
+    try:
+        info = path.stat()
+        with path.open("rb"):
+            pass
+    except OSError as exc:
+        raise KeyFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise KeyFileError(f"{path}: not a file")
+    try:
+        public, secret_key = load_certificate(path)
+    except (ValueError, OSError):
+        raise KeyFileError(f"{path}: no public-key line: not a key file (dynbatchctl keygen writes them)") from None
+    if not _valid_z85_key(public):
+        raise KeyFileError(f"{path}: public-key is not a Z85 CURVE key (40 characters)")
+    if secret_key is not None:
+        if not _valid_z85_key(secret_key):
+            raise KeyFileError(f"{path}: secret-key is not a Z85 CURVE key (40 characters)")
+        if info.st_mode & 0o027:
+            raise KeyFileError(f"{path}: holds a secret key but its mode is {stat.S_IMODE(info.st_mode):04o}: "
+                               "other users may read it or its group change it (chmod 600)")
+    elif secret:
+        raise KeyFileError(f"{path}: has no secret-key: give the NAME.key_secret file, not the public NAME.key")
+    return public, secret_key
+
+
+def _write_new(path: Path, text: str, mode: int, force: bool) -> None:
+    """Write `text` to `path` with exactly `mode` (whatever the umask), atomically."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    try:
+        os.fchmod(fd, mode)
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        if force:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)      # fails if `path` appeared meanwhile: never overwrite unasked
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_keypair(directory: str | os.PathLike, name: str, *, force: bool = False) -> tuple[Path, Path, str]:
+    """A new CURVE key pair (zmq.curve_keypair) as DIRECTORY/NAME.key (public, mode 0644) and
+    DIRECTORY/NAME.key_secret (both halves, mode 0600); returns (public file, secret file, public key).
+
+    Refuses (FileExistsError) to replace existing files unless `force`.
+    """
+    import zmq
+
+    if not _KEY_NAME_RE.match(name):
+        raise ValueError(f"{name!r} is not a key name (letters, digits, '.', '_', '-')")
+    directory = Path(directory)
+    public_file, secret_file = directory / f"{name}.key", directory / f"{name}.key_secret"
+    for existing in (public_file, secret_file):
+        if existing.exists() and not force:
+            raise FileExistsError(errno.EEXIST, f"{existing} exists (--force replaces it)")
+    directory.mkdir(parents=True, exist_ok=True)
+    public, secret = (k.decode("ascii") for k in zmq.curve_keypair())
+    curve = f'curve\n    public-key = "{public}"\n'
+    _write_new(secret_file, "#   ZeroMQ CURVE **Secret** Certificate, written by dynbatchctl keygen.\n"
+                            "#   DO NOT GIVE THIS FILE TO ANYONE; keep it mode 0600.\n\nmetadata\n"
+                            + curve + f'    secret-key = "{secret}"\n', 0o600, force)
+    _write_new(public_file, "#   ZeroMQ CURVE Public Certificate, written by dynbatchctl keygen.\n"
+                            "#   Give it to the other side: a client's goes into the daemon's keys_dir/clients/,\n"
+                            "#   the daemon's server.key to its clients.\n\nmetadata\n" + curve, 0o644, force)
+    return public_file, secret_file, public

@@ -122,20 +122,36 @@ class Daemon(Operations):
         return code
 
     async def _bind(self, ctx: zmq.Context) -> Any:
-        """Bind the control, request and metrics addresses; StartupError names the one that failed."""
+        """Bind the control, request and metrics addresses; StartupError names the one that failed.
+
+        With ``[daemon] curve`` on, the ZAP handler (`CurveServer`) starts first, so no tcp://
+        socket ever takes a handshake unchecked; the control socket's ipc:// file is mode 0660.
+        """
+        from dynbatchd.config import KeyFileError, UnsafeDirectory
+        from dynbatchd.transport import CurveServer
+
         daemon = self.config.daemon
-        where = daemon.control
+        where, curve = "daemon.keys_dir", None
         try:
-            self.control = ControlServer(ctx, daemon.control, self)
+            self.curve = curve = CurveServer.for_settings(ctx, daemon)
+            where = daemon.control
+            self.control = ControlServer(ctx, daemon.control, self, curve=curve)
             where = daemon.listen
-            self.front = FrontEnd(ctx, daemon.listen, daemon.max_request_bytes, self.on_request)
+            self.front = FrontEnd(ctx, daemon.listen, daemon.max_request_bytes, self.on_request, curve=curve)
             where = f"metrics {daemon.metrics_listen}"
             return await serve_metrics(daemon.metrics_listen, self.metrics_page) if daemon.metrics_listen else None
-        except (zmq.ZMQError, OSError) as exc:
+        except (zmq.ZMQError, OSError, KeyFileError) as exc:
             for part in (self.front, self.control):
                 if part is not None:
                     part.io.sock.close(linger=0)
-            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            if curve is not None:
+                curve.close()
+            if isinstance(exc, KeyFileError):
+                reason = str(exc)
+            elif isinstance(exc, UnsafeDirectory):
+                reason = exc.strerror
+            else:
+                reason = os.strerror(exc.errno) if exc.errno else str(exc)
             raise StartupError(f"{where}: {reason[:1].lower() + reason[1:]}") from None
 
     async def _serve(self) -> None:

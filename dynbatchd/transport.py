@@ -3,17 +3,31 @@
 Knows messages, not batching: it decodes and validates frames into protocol
 structs and hands them on, and it sends replies back by ZeroMQ identity. A
 malformed message is answered with ``bad_request`` here and goes no further.
+
+Security lives here too: `CurveServer` puts CURVE on the daemon's tcp:// sockets
+and admits only the client keys in its keys directory (a ZAP handler); a client
+refused in the handshake never reaches a handler and is counted
+(``unauthenticated``). `bind` keeps an ipc:// socket's file to its owner and
+group, and never takes over one a live daemon holds. Nothing here logs a request's content: a log line names sizes, codes and
+endpoints only.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import os
+import socket
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 import zmq
+from zmq.auth.asyncio import AsyncioAuthenticator
+from zmq.utils.monitor import parse_monitor_message
 
-from dynbatchd import protocol as P
+from dynbatchd import config as cfgmod, protocol as P
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +115,219 @@ class LoopSocket:
             self.kick()
 
 
+class _Throttle:
+    """At most one log line per `interval_s` for one kind of event; the rest are counted into the next."""
+
+    def __init__(self, logger: logging.Logger, interval_s: float = 10.0):
+        self.log, self.interval_s = logger, interval_s
+        self._next_at = 0.0
+        self._held = 0
+
+    def warning(self, message: str, *args: Any) -> None:
+        now = time.monotonic()
+        if now < self._next_at:
+            self._held += 1
+            return
+        if self._held:
+            message, args = message + " (and %d more since the last such line)", (*args, self._held)
+        self._held, self._next_at = 0, now + self.interval_s
+        self.log.warning(message, *args)
+
+
+_HANDSHAKE_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                        | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+_WHY_PROTOCOL = {
+    int(zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH): "it did not offer CURVE (a client without keys?)",
+    int(zmq.PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC): "its CURVE handshake did not decrypt (the wrong server key?)",
+}
+
+
+class _Authenticator(AsyncioAuthenticator):
+    """pyzmq's ZAP handler on the daemon's loop, admitting the client keys of one directory.
+
+    The directory is read again (``configure_curve``) when a file in it was added,
+    removed or changed since the last handshake, so a key is granted or revoked
+    without a restart (for new connections: a connected client stays connected).
+    Each refusal is logged with the peer's address and public key (never a secret).
+    """
+
+    def __init__(self, ctx: zmq.Context, domain: str, clients_dir: Path):
+        super().__init__(ctx, log=logging.getLogger("dynbatchd.auth"))
+        self.domain, self.clients_dir = domain, clients_dir
+        self._seen: Any = None
+        self._peer = "?"
+        self._refusals = _Throttle(log)
+
+    def _signature(self) -> Any:
+        try:
+            return sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
+                          for e in os.scandir(self.clients_dir) if e.name.endswith(".key"))
+        except OSError as exc:
+            return exc.errno
+
+    def reload_if_changed(self) -> None:
+        signature = self._signature()
+        if signature == self._seen:
+            return
+        self._seen = signature
+        self.certs.pop(self.domain, None)   # a directory that cannot be read admits no one, not the old keys
+        self.configure_curve(domain=self.domain, location=str(self.clients_dir))
+        if self.domain not in self.certs:   # pyzmq gave up on the whole directory: take the good files
+            admitted = {}
+            for key_file in sorted(self.clients_dir.glob("*.key")) if self.clients_dir.is_dir() else ():
+                try:
+                    admitted[cfgmod.read_key_file(key_file)[0]] = True
+                except cfgmod.KeyFileError as exc:
+                    log.warning("CURVE: client key skipped: %s", exc)
+            self.certs[self.domain] = admitted
+        log.info("CURVE: %d client keys admitted from %s", len(self.certs[self.domain]), self.clients_dir)
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        self._peer = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "?"
+        await super().handle_zap_message(msg)
+
+    async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
+        self.reload_if_changed()
+        allowed, reason = await super()._authenticate_curve(domain, client_key)
+        if not allowed:
+            from zmq.utils import z85
+
+            self._refusals.warning("refused a client from %s: CURVE key %s is not in %s", self._peer,
+                                   z85.encode(client_key).decode("ascii"), self.clients_dir)
+        return allowed, reason
+
+
+class CurveServer:
+    """CURVE for the daemon's tcp:// sockets: its key pair, and a ZAP handler that admits only
+    the public keys in the clients directory (``[daemon] keys_dir``/clients/*.key).
+
+    Make it on the running event loop, before the sockets it secures bind. A socket it
+    secures (`secure`) requires ZAP (``ZMQ_ZAP_ENFORCE_DOMAIN``): were the handler ever
+    gone, handshakes would fail, never pass unchecked. A client refused in the
+    handshake (no CURVE, the wrong server key, a key not admitted) gets no data and
+    reaches no handler; each refusal is counted by the socket's owner.
+    """
+
+    DOMAIN = "dynbatchd"
+
+    def __init__(self, ctx: zmq.Context, secret_key_file: str | os.PathLike, clients_dir: str | os.PathLike):
+        self.public, self.secret = cfgmod.read_key_file(secret_key_file, secret=True)
+        self.clients_dir = Path(clients_dir)
+        self._auth = _Authenticator(ctx, self.DOMAIN, self.clients_dir)
+        self._auth.start()
+        self._auth.reload_if_changed()
+        self._monitors: list[LoopSocket] = []
+
+    @classmethod
+    def for_settings(cls, ctx: zmq.Context, daemon: cfgmod.DaemonSettings) -> "CurveServer | None":
+        """The CurveServer `daemon` asks for, or None when no address of it is CURVE's (curve off,
+        or only ipc:// addresses)."""
+        if not cfgmod.curve_endpoints(daemon):
+            return None
+        return cls(ctx, cfgmod.server_secret_key_file(daemon), cfgmod.client_keys_dir(daemon))
+
+    def secure(self, sock: zmq.Socket, endpoint: str, on_refused: Callable[[], None]) -> bool:
+        """Make `sock` a CURVE server if `endpoint` is tcp:// (call before bind); `on_refused()`
+        is called for every handshake it refuses. False (nothing done) for other endpoints."""
+        if not endpoint.startswith("tcp://"):
+            return False
+        sock.setsockopt(zmq.CURVE_SECRETKEY, self.secret)
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, self.public)
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+        sock.setsockopt(zmq.ZAP_DOMAIN, self.DOMAIN.encode())
+        try:
+            sock.setsockopt(zmq.ZAP_ENFORCE_DOMAIN, 1)   # no ZAP handler: refuse, do not admit
+        except (zmq.ZMQError, AttributeError):   # an older libzmq: the handler runs until the socket closes
+            log.warning("this libzmq cannot enforce ZAP (ZMQ_ZAP_ENFORCE_DOMAIN)")
+        monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED | int(zmq.EVENT_MONITOR_STOPPED))
+        monitor.setsockopt(zmq.LINGER, 0)
+        throttle = _Throttle(log)
+
+        def on_events(batch: list[list[bytes]]) -> None:
+            for frames in batch:
+                try:
+                    event = parse_monitor_message(frames)
+                except Exception:   # not an event: nothing to count
+                    continue
+                kind, value = int(event["event"]), int(event["value"])
+                if kind == zmq.EVENT_MONITOR_STOPPED:   # the secured socket closed
+                    self._forget(io)
+                    continue
+                on_refused()
+                if kind == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+                    throttle.warning("refused a client on %s: %s", endpoint,
+                                     _WHY_PROTOCOL.get(value, f"ZMTP protocol error 0x{value:x}"))
+                elif kind == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                    throttle.warning("refused a client on %s: its handshake failed (%s)", endpoint,
+                                     os.strerror(value) if value else "no detail")
+
+        io = LoopSocket(monitor, on_events)
+        self._monitors.append(io)
+        io.start(asyncio.get_running_loop())
+        return True
+
+    def _forget(self, io: "LoopSocket") -> None:
+        io.stop()
+        loop = asyncio.get_running_loop()
+        loop.call_soon(io.sock.close, 0)   # not while its own reader runs
+        if io in self._monitors:
+            self._monitors.remove(io)
+        if not self._monitors:
+            loop.call_soon(self.close)
+
+    def close(self) -> None:
+        """Stop the ZAP handler (the sockets it secured refuse every handshake from then on)."""
+        for io in self._monitors:
+            io.stop()
+            io.sock.close(0)
+        self._monitors.clear()
+        if self._auth.zap_socket is not None:
+            self._auth.stop()
+
+
+def _ipc_path(endpoint: str) -> str:
+    return endpoint[len("ipc://"):]
+
+
+def _ipc_in_use(path: str) -> bool:
+    """Someone accepts connections on the ipc:// socket file `path` (binding would steal it)."""
+    if path.startswith("@") or not os.path.exists(path):
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.5)
+        try:
+            probe.connect(path)
+            return True
+        except OSError:
+            return False
+
+
+def bind(sock: zmq.Socket, endpoint: str, *, mode: int | None = None) -> None:
+    """`sock.bind(endpoint)`; for an ipc:// file, first refuse one a live socket holds (libzmq
+    would silently unlink it: ``address already in use`` instead), and with `mode` make the file
+    that mode (e.g. 0660) and this process's group, created so (umask) rather than opened later."""
+    if not endpoint.startswith("ipc://") or _ipc_path(endpoint).startswith("@"):
+        sock.bind(endpoint)
+        return
+    path = _ipc_path(endpoint)
+    if _ipc_in_use(path):
+        raise zmq.ZMQError(errno.EADDRINUSE)
+    if mode is None:
+        sock.bind(endpoint)
+        return
+    old = os.umask(0o777 & ~mode)
+    try:
+        sock.bind(endpoint)
+    finally:
+        os.umask(old)
+    os.chmod(path, mode)
+    if os.stat(path).st_gid != os.getegid():
+        try:
+            os.chown(path, -1, os.getegid())
+        except OSError as exc:
+            log.warning("cannot give %s to group %d: %s", path, os.getegid(), exc.strerror)
+
+
 def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     """ROUTER frames -> (envelope, body). REQ clients put an empty delimiter after their identity."""
     if len(frames) >= 2 and frames[1] == b"":
@@ -115,7 +342,8 @@ RequestHandler = Callable[[list[bytes], P.Request, list[bytes]], None]
 class FrontEnd:
     """The request socket (ROUTER): decode, validate, hand on; encode and route replies."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, max_request_bytes: int, handler: RequestHandler):
+    def __init__(self, ctx: zmq.Context, endpoint: str, max_request_bytes: int, handler: RequestHandler, *,
+                 curve: CurveServer | None = None):
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 2000)
         sock.setsockopt(zmq.SNDHWM, 100_000)
@@ -123,13 +351,22 @@ class FrontEnd:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a reply to a client that left is counted, not lost unseen
         # Hard stop far above the policy limit; the policy limit gets a polite reply.
         sock.setsockopt(zmq.MAXMSGSIZE, max(max_request_bytes * 4, 1 << 20))
-        sock.bind(endpoint)
+        self.unauthenticated = 0   # handshakes refused by CURVE (tcp:// with curve on): no data either way
+        self.curve = curve is not None and curve.secure(sock, endpoint, self._refused)
+        try:
+            bind(sock, endpoint)
+        except BaseException:
+            sock.close(linger=0)
+            raise
         self.endpoint = endpoint
         self.max_request_bytes = max_request_bytes
         self.handler = handler
         self.io = LoopSocket(sock, self._on_messages)
         self.dropped = 0      # messages with no body to answer
         self.bad_requests = 0
+
+    def _refused(self) -> None:
+        self.unauthenticated += 1
 
     def _on_messages(self, batch: list[list[bytes]]) -> None:
         for frames in batch:

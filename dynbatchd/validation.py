@@ -3,11 +3,13 @@
 Structure (types, ranges, unknown keys, references) is `dynbatchd.config`'s
 job; this module adds what needs the plugins: known runners (with the options
 each declares) and policies (with their options), and every compliance rule.
-Nothing here builds a runner, so no model library (torch) is imported.
+Nothing here builds a runner, so no model library (torch) is imported. With
+``[daemon] curve`` on, the daemon's key files are read too (`check_curve`).
 """
 
 from __future__ import annotations
 
+from dynbatchd import config as cfgmod
 from dynbatchd.config import Config, ConfigError
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import build_channels
@@ -15,6 +17,7 @@ from dynbatchd.scheduler import build_channels
 
 def validate_config(config: Config, plugins: Plugins) -> None:
     """Raise ConfigError (file, key, rule) for the first problem found."""
+    check_curve(config)
     runners = plugins.runners()
     for name, model in config.models.items():
         if model.runner not in runners:
@@ -48,3 +51,35 @@ def check_runner_options(source: str, model: str, runner: type, options: dict) -
     except ValueError as exc:   # OptionError names the option; another ValueError only the table
         option, rule = getattr(exc, "option", None), getattr(exc, "rule", str(exc))
         raise ConfigError(source, f"models.{model}.options" + (f".{option}" if option else ""), rule) from None
+
+
+def check_curve(config: Config) -> None:
+    """With curve on: the key files the daemon will need for its tcp:// sockets, readable and valid.
+
+    The server's key pair (KEYS_DIR/server.key_secret, mode 0600) and the directory of
+    admitted client keys (KEYS_DIR/clients/*.key); an empty directory admits no one,
+    which is allowed (keys may be added before clients come).
+    """
+    import zmq
+
+    daemon = config.daemon
+    if not cfgmod.curve_endpoints(daemon):
+        return
+    if not zmq.has("curve"):
+        raise ConfigError(config.source, "daemon.curve", "this libzmq was built without CURVE support")
+    try:
+        cfgmod.read_key_file(cfgmod.server_secret_key_file(daemon), secret=True)
+    except cfgmod.KeyFileError as exc:
+        raise ConfigError(config.source, "daemon.keys_dir",
+                          f"the server key pair: {exc} (make one: dynbatchctl keygen server --dir "
+                          f"{daemon.keys_dir})") from None
+    clients = cfgmod.client_keys_dir(daemon)
+    if not clients.is_dir():
+        raise ConfigError(config.source, "daemon.keys_dir",
+                          f"{clients} is not a directory: it holds the public keys (NAME.key) of the "
+                          "clients the daemon admits")
+    for key_file in sorted(clients.glob("*.key")):
+        try:
+            cfgmod.read_key_file(key_file)
+        except cfgmod.KeyFileError as exc:
+            raise ConfigError(config.source, "daemon.keys_dir", f"a client key: {exc}") from None

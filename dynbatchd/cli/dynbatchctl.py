@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,7 +22,7 @@ from dynbatchd import config as cfgmod
 from dynbatchd.cli.plan import plan
 from dynbatchd.cli.recommend import recommend
 from dynbatchd.cli.simulate import simulate
-from dynbatchd.client import Client, DynbatchdError, control_call
+from dynbatchd.client import Client, CurveKeys, DynbatchdError, control_call
 
 app = typer.Typer(help="Control and query a running dynbatchd.", no_args_is_help=True, add_completion=False)
 out = Console()
@@ -35,18 +36,36 @@ def fail(message: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
+# CURVE keys of dynbatchctl (a daemon with [daemon] curve on, over tcp://): --curve-key and
+# --server-key, else these variables, else the defaults below. Read by hand, not as typer
+# envvars, so `--help` never prints a key path taken from the environment as a default.
+CURVE_KEY_ENV = "DYNBATCHD_CURVE_KEY"
+SERVER_KEY_ENV = "DYNBATCHD_SERVER_KEY"
+
+
+def user_keys_dir() -> Path:
+    """Where `keygen` puts a client's key pair and dynbatchctl looks for it: ~/.config/dynbatchd."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"), ".config")
+    return Path(base) / "dynbatchd"
+
+
 class Target:
     """Where the daemon listens: flags, else the config file (the one search order), else the defaults.
 
     The file is read only when an endpoint is asked for and no flag gave it,
     so `plan`, `simulate`, or a command given both endpoints, never trip over
-    a config file they do not need.
+    a config file they do not need. The default control socket is the daemon's
+    own default (`dynbatchd.config.default_control`): its runtime directory.
     """
 
-    def __init__(self, endpoint: str | None, control: str | None, config: Path | None):
+    def __init__(self, endpoint: str | None, control: str | None, config: Path | None,
+                 curve_key: Path | None = None, server_key: Path | None = None):
         self.config = config
         self._endpoint, self._control = endpoint, control
+        self._curve_key = curve_key or (Path(os.environ[CURVE_KEY_ENV]) if os.environ.get(CURVE_KEY_ENV) else None)
+        self._server_key = server_key or (Path(os.environ[SERVER_KEY_ENV]) if os.environ.get(SERVER_KEY_ENV) else None)
         self._daemon: cfgmod.DaemonSettings | None = None
+        self._keys: CurveKeys | None = None
 
     def _settings(self) -> cfgmod.DaemonSettings:
         if self._daemon is None:
@@ -65,6 +84,35 @@ class Target:
     def control(self) -> str:
         return self._control or self._settings().control
 
+    def curve(self, endpoint: str) -> CurveKeys | None:
+        """The CURVE keys for talking to `endpoint`, or None (not tcp://, or no keys and CURVE off).
+
+        Keys given (flag or environment) are used; otherwise, when the config file
+        says ``curve = true``, this user's ~/.config/dynbatchd/client.key_secret and the
+        daemon's KEYS_DIR/server.key. A key that will not load is one line and exit 2.
+        """
+        if not endpoint.startswith("tcp://"):
+            return None
+        if self._keys is not None:
+            return self._keys
+        client, server = self._curve_key, self._server_key
+        if client is None and server is None:
+            if (self._endpoint and self._control) or not self._settings().curve:
+                return None
+        client = client or user_keys_dir() / "client.key_secret"
+        server = server or cfgmod.server_public_key_file(self._settings())
+        try:
+            self._keys = CurveKeys.load(client, server)
+        except cfgmod.KeyFileError as exc:
+            raise fail(f"CURVE keys for {endpoint}: {exc} (--curve-key FILE and --server-key FILE; "
+                       "dynbatchctl keygen makes a key pair)", 2) from None
+        return self._keys
+
+    def curve_args(self, endpoint: str) -> dict[str, Any]:
+        """``{"curve": keys}`` where `endpoint` takes CURVE keys, else nothing (no argument at all)."""
+        keys = self.curve(endpoint)
+        return {"curve": keys} if keys is not None else {}
+
 
 @app.callback()
 def main_options(ctx: typer.Context,
@@ -73,12 +121,25 @@ def main_options(ctx: typer.Context,
                                                              "else tcp://127.0.0.1:5555)."),
                  control: Optional[str] = typer.Option(None, envvar="DYNBATCHD_CONTROL",
                                                        help="Control socket (default: from the config file, "
-                                                            "else tcp://127.0.0.1:5556)."),
+                                                            "else the daemon's runtime directory: "
+                                                            "$RUNTIME_DIRECTORY, /run/dynbatchd, "
+                                                            "$XDG_RUNTIME_DIR/dynbatchd or /tmp/dynbatchd-UID, "
+                                                            "then /control.sock)."),
                  config: Optional[Path] = typer.Option(None, "--config", "-c",
                                                        help="Config file for every command (default: "
                                                             "$DYNBATCHD_CONFIG, else ./etc/dynbatchd.toml, "
-                                                            "else /etc/dynbatchd/dynbatchd.toml).")) -> None:
-    ctx.obj = Target(endpoint, control, config)
+                                                            "else /etc/dynbatchd/dynbatchd.toml)."),
+                 curve_key: Optional[Path] = typer.Option(None, "--curve-key",
+                                                          help="This client's CURVE key pair, a NAME.key_secret "
+                                                               "file (default: $DYNBATCHD_CURVE_KEY, else, when "
+                                                               "the config has curve = true, "
+                                                               "~/.config/dynbatchd/client.key_secret). Used on "
+                                                               "tcp:// only."),
+                 server_key: Optional[Path] = typer.Option(None, "--server-key",
+                                                           help="The daemon's public key, server.key (default: "
+                                                                "$DYNBATCHD_SERVER_KEY, else KEYS_DIR/server.key "
+                                                                "of the config).")) -> None:
+    ctx.obj = Target(endpoint, control, config, curve_key, server_key)
 
 
 JsonOption = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")
@@ -86,7 +147,7 @@ JsonOption = typer.Option(False, "--json", help="Print JSON for scripts instead 
 
 def _control(ctx: typer.Context, cmd: str, **args: Any) -> Any:
     try:
-        return control_call(ctx.obj.control, cmd, **args)
+        return control_call(ctx.obj.control, cmd, **ctx.obj.curve_args(ctx.obj.control), **args)
     except DynbatchdError as exc:
         raise fail(str(exc), 1) from None
 
@@ -122,7 +183,7 @@ def infer(ctx: typer.Context, model: str, text: str,
           timeout: float = typer.Option(60.0, help="Seconds to wait for the answer."),
           as_json: bool = JsonOption) -> None:
     """Send one text to MODEL and print its output (a long vector summarised) with the timing."""
-    client = Client(ctx.obj.endpoint, timeout=timeout)
+    client = Client(ctx.obj.endpoint, timeout=timeout, **ctx.obj.curve_args(ctx.obj.endpoint))
     try:
         result = client.infer_result(model, text, tags=tag, deadline_ms=deadline_ms, request_type=request_type,
                                      user_frequency=user_frequency, tokens=tokens)
@@ -388,6 +449,37 @@ def stop(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help=
         _emit_json(data)
     else:
         out.print(data.get("state", "draining") if isinstance(data, dict) else "draining", highlight=False)
+
+
+@app.command()
+def keygen(name: str = typer.Argument("client", help="File name: NAME.key and NAME.key_secret (e.g. server, "
+                                                      "or a client's name)."),
+           directory: Optional[Path] = typer.Option(None, "--dir",
+                                                    help="Where to write them (default: ~/.config/dynbatchd, "
+                                                         "where dynbatchctl looks for client.key_secret)."),
+           force: bool = typer.Option(False, "--force", help="Replace an existing key pair of that name."),
+           as_json: bool = JsonOption) -> None:
+    """Write a new CURVE key pair: NAME.key (public, 0644) and NAME.key_secret (both halves, 0600).
+
+    For the daemon: dynbatchctl keygen server --dir /etc/dynbatchd/keys. For a
+    client: dynbatchctl keygen, then copy ~/.config/dynbatchd/client.key into the
+    daemon's /etc/dynbatchd/keys/clients/ (under a name of its own) and give the
+    client the daemon's server.key.
+    """
+    where = directory or user_keys_dir()
+    try:
+        public_file, secret_file, public = cfgmod.write_keypair(where, name, force=force)
+    except FileExistsError as exc:
+        raise fail(exc.strerror or str(exc), 1) from None
+    except ValueError as exc:
+        raise fail(str(exc), 2) from None
+    except OSError as exc:
+        raise fail(f"{where}: cannot write: {exc.strerror or exc}", 1) from None
+    if as_json:
+        _emit_json({"public_key": public, "public_file": str(public_file), "secret_file": str(secret_file)})
+        return
+    out.print(f"public key {public}\n  {public_file} (give it to the other side)\n"
+              f"  {secret_file} (mode 0600: keep it here)", highlight=False, markup=False)
 
 
 app.command("plan")(plan)

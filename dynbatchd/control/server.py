@@ -3,19 +3,26 @@
 Request: ``{"cmd": NAME, "args": {...}}``. Reply: ``{"ok": true, "result": ...}``
 or ``{"ok": false, "error": MESSAGE}``. Commands live in
 `dynbatchd.control.commands`, one function each.
+
+Whoever reaches this socket can retune and stop the daemon, so an ipc:// one
+is a file of mode 0660 and the daemon's group (in the runtime directory, see
+`dynbatchd.config.runtime_dir`; the per-user one is made mode 0700), and a
+tcp:// one takes CURVE clients only when ``[daemon] curve`` is on (the config
+refuses a tcp:// one off loopback otherwise).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import zmq
 
-from dynbatchd import protocol as P
+from dynbatchd import config as cfgmod, protocol as P
 from dynbatchd.control.commands import COMMANDS, CommandError
-from dynbatchd.transport import LoopSocket, split_envelope
+from dynbatchd.transport import CurveServer, LoopSocket, bind, split_envelope
 
 log = logging.getLogger(__name__)
 
@@ -28,14 +35,31 @@ class ControlRequest(msgspec.Struct):
 _decoder = msgspec.msgpack.Decoder(ControlRequest)
 
 
+SOCKET_MODE = 0o660   # an ipc:// control socket: the daemon's user and group only
+
+
 class ControlServer:
-    def __init__(self, ctx: zmq.Context, endpoint: str, daemon: Any):
+    def __init__(self, ctx: zmq.Context, endpoint: str, daemon: Any, *, curve: CurveServer | None = None):
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
-        sock.bind(endpoint)
+        self.unauthenticated = 0   # handshakes refused by CURVE (tcp:// with curve on)
+        self.curve = curve is not None and curve.secure(sock, endpoint, self._refused)
+        try:
+            if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+                directory = Path(endpoint[len("ipc://"):]).parent
+                if directory == cfgmod.private_runtime_dir():
+                    cfgmod.ensure_private_dir(directory)
+            bind(sock, endpoint, mode=SOCKET_MODE)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        self.endpoint = endpoint
         self.daemon = daemon
         self.io = LoopSocket(sock, self._on_messages)
+
+    def _refused(self) -> None:
+        self.unauthenticated += 1
 
     def _on_messages(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
