@@ -23,12 +23,10 @@ a simulated device and is labelled SIMULATED. Results also go to benchmarks/resu
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -38,11 +36,13 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import numpy as np
 
-from benchmarks import traces
+from benchmarks import loadgen, traces
+from benchmarks.harness import Daemon, ipc_daemon
 from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings, WindowSettings
 from dynbatchd.plugins import Plugins
-from dynbatchd.simulate import MS, DeviceModel, SimResult, simulate
+from dynbatchd.simulate import DeviceModel, SimResult, simulate
 
 SIM = "SIMULATED"
 REPO = Path(__file__).resolve().parent.parent
@@ -475,85 +475,36 @@ def _config_toml(tmp: Path, setup: Setup) -> str:
         """)
 
 
-def _start_daemon(tmp: Path, setup: Setup, timeout_s: float = 60.0) -> tuple[subprocess.Popen, str, str]:
-    from dynbatchd.client import DynbatchdError, control_call
-
-    config = tmp / "dynbatchd.toml"
-    config.write_text(_config_toml(tmp, setup))
-    exe = REPO / ".venv" / "bin" / "dynbatchd"
-    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "dynbatchd"]
-    log = (tmp / "daemon.log").open("w")
-    proc = subprocess.Popen([*cmd, "start", "--config", str(config)], stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
-    control = f"ipc://{tmp}/ctl.sock"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"dynbatchd exited with {proc.returncode}: {(tmp / 'daemon.log').read_text()[-2000:]}")
-        try:
-            if control_call(control, "ping", timeout_s=1)["state"] == "serving":
-                return proc, f"ipc://{tmp}/req.sock", control
-        except DynbatchdError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("dynbatchd did not reach state 'serving'")
+def _daemon(tmp: Path, setup: Setup) -> Daemon:
+    """The replay's daemon (the shared launcher of benchmarks/harness.py), not started yet."""
+    return ipc_daemon(tmp, lambda endpoint, control: _config_toml(tmp, setup), name=f"dynbatchd ({setup.name})")
 
 
-async def _replay(endpoint: str, trace: traces.Trace, route, tail_s: float,
-                  lag_out: list[float] | None = None) -> list[tuple[str, str, float]]:
+def _replay(endpoint: str, trace: traces.Trace, route, tail_s: float,
+            lag_out: list[float] | None = None) -> list[tuple[str, str, float]]:
     """Send every arrival at its (compressed) time; latency from the scheduled time. -> (channel, outcome, ms).
 
-    Open loop: sends never wait for replies, so a slow daemon cannot slow the offered load, and
-    latency counts from the schedule, so a generator that falls behind makes latency worse, not
-    better. How late each send went out is appended to `lag_out` (ms).
+    The benchmarks' one open-loop generator (`loadgen.send_open_loop`): sends never wait for
+    replies, so a slow daemon cannot slow the offered load, and latency counts from the
+    schedule, so a generator that falls behind makes latency worse, not better. How late each
+    send went out is appended to `lag_out` (ms).
     """
-    import zmq
-    import zmq.asyncio
-
-    from dynbatchd import protocol as P
     from dynbatchd.client import build_request
 
-    ctx = zmq.asyncio.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.RCVHWM, 0)
-    sock.connect(endpoint)
-    n = len(trace.arrivals)
-    frames = [build_request(i, "sim", 0, tokens=a.tokens) for i, a in enumerate(trace.arrivals)]
-    channels = [route(a) for a in trace.arrivals]
-    sched = [a.at_ns for a in trace.arrivals]
-    outcome: list[tuple[str, str, float] | None] = [None] * n
-    start = time.perf_counter_ns() + 50 * MS
-    pending = n
-
-    async def reader() -> None:
-        nonlocal pending
-        while pending:
-            msg = await sock.recv_multipart()
-            now = time.perf_counter_ns()
-            reply = P.reply_decoder.decode(msg[0])
-            i = reply.id
-            if not isinstance(i, int) or not 0 <= i < n or outcome[i] is not None:
-                continue
-            code = "completed" if reply.ok else (reply.error.code if reply.error else "error")
-            outcome[i] = (channels[i], code, (now - start - sched[i]) / MS)
-            pending -= 1
-
-    task = asyncio.ensure_future(reader())
-    for i in range(n):
-        delay = (start + sched[i] - time.perf_counter_ns()) / 1e9
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if lag_out is not None:
-            lag_out.append((time.perf_counter_ns() - start - sched[i]) / MS)
-        await sock.send_multipart(frames[i])
-    try:
-        await asyncio.wait_for(task, timeout=tail_s)
-    except asyncio.TimeoutError:
-        pass
-    sock.close(0)
-    ctx.term()
-    return [o if o is not None else (channels[i], "missing", math.inf) for i, o in enumerate(outcome)]
+    arrivals = trace.arrivals
+    offsets = np.array([a.at_ns / 1e9 for a in arrivals])
+    headers = [build_request(i + 1, "sim", 0, tokens=a.tokens)[0] for i, a in enumerate(arrivals)]
+    channels = [route(a) for a in arrivals]
+    sent = loadgen.send_open_loop(endpoint, offsets, headers, drain_s=tail_s, start_delay_s=0.05)
+    if lag_out is not None:
+        lag_out.extend((sent.sent_lag * 1000.0).tolist())
+    latency = sent.latency_ms()
+    out = []
+    for i, channel in enumerate(channels):
+        code = sent.code(i)
+        out.append((channel, "completed" if code == "ok" else code, float(latency[i]) if code != loadgen.MISSING
+                    else math.inf))
+    return out
 
 
 def summarise_replay(results: list[tuple[str, str, float]], span_s: float, slo_ms: dict[str, float]) -> dict[str, Any]:
@@ -593,19 +544,11 @@ def bench_azure_replay(reg: Registry, sim: dict[str, Any], quick: bool, log=prin
         with tempfile.TemporaryDirectory(prefix="dynbatchd-replay-") as tmpdir:
             tmp = Path(tmpdir)
             t0 = time.perf_counter()
-            proc, endpoint, control = _start_daemon(tmp, setup)
             lags: list[float] = []
-            load_before = os.getloadavg()[0]
-            try:
-                results = asyncio.run(_replay(endpoint, trace, route, tail_s=15.0, lag_out=lags))
-                from dynbatchd.client import control_call
-                status = control_call(control, "status")
-            finally:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            with _daemon(tmp, setup).start(60.0) as daemon:
+                load_before = os.getloadavg()[0]
+                results = _replay(daemon.endpoint, trace, route, tail_s=15.0, lag_out=lags)
+                status = daemon.status()
             wall = time.perf_counter() - t0
         per = summarise_replay(results, span_s, slo_ms)
         on_time = sum(c["on_time"] for c in per.values())

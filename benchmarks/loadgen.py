@@ -1,4 +1,9 @@
-"""Open-loop Poisson load over ZeroMQ: send on a fixed schedule, whatever the replies do.
+"""Open-loop load over ZeroMQ: send on a fixed schedule, whatever the replies do.
+
+The one load generator of the benchmarks: `send_open_loop` sends any schedule of one-frame
+requests (a Poisson draw here, a replayed trace in benchmarks/adaptive.py, a mixed overload
+in benchmarks/reliability.py) and records each request's outcome; `run` is the Poisson run
+with its summary.
 
 Arrival times are drawn up front (exponential gaps at the offered rate) and every request
 header is encoded before the clock starts. The loop then sends each request when its time
@@ -102,13 +107,57 @@ def encode_all(n: int, model: str, inputs: list[Any], deadline_ms: float | None,
     return headers
 
 
-def run(endpoint: str, model: str, rate: float, duration_s: float, *, inputs: list[Any] | None = None,
-        deadline_ms: float | None = None, tags: tuple[str, ...] = (), warmup_s: float = 0.5,
-        drain_s: float = 5.0, seed: int = 1, context: zmq.Context | None = None, raw: bool = False) -> RunResult:
-    """One open-loop run at `rate` requests/s for `duration_s`; then wait up to `drain_s` for stragglers."""
-    offsets = schedule(rate, duration_s, seed)
+@dataclass
+class Sent:
+    """What one open-loop run saw, per request i (header id i + 1), times in s from the clock's start."""
+    offsets: np.ndarray          # scheduled send time
+    done: np.ndarray             # when the (first) reply came; NaN: none by the end of the drain
+    ok: np.ndarray               # the reply said ok
+    codes: list[str | None]      # the error code of a reply that was not ok (None: ok, or no reply)
+    batch: np.ndarray            # timing.batch_size of an ok reply
+    parts: np.ndarray            # (n, 3) daemon timing of an ok reply: queue_us, compute_us, total_us
+    sent_lag: np.ndarray         # how late each send went out, s
+    sent: int                    # requests sent (all n, unless stopped early)
+    duplicates: int              # replies for an id already answered
+    unexpected: int              # replies that cannot be decoded or carry an id never sent
+    simulated: bool              # any reply said timing.simulated
+    cpu_s: float                 # the generator's own CPU time
+    elapsed_s: float
+    send_end_s: float            # when the last send was due (= the run's duration)
+
+    def code(self, i: int) -> str:
+        """"ok", the error code, or MISSING."""
+        if self.ok[i]:
+            return "ok"
+        return self.codes[i] if self.codes[i] is not None else MISSING
+
+    def latency_ms(self) -> np.ndarray:
+        return (self.done - self.offsets) * 1000.0
+
+    def errors(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for c in self.codes:
+            if c is not None:
+                out[c] = out.get(c, 0) + 1
+        missing = int(np.isnan(self.done[:self.sent]).sum()) + (len(self.offsets) - self.sent)
+        if missing:
+            out[MISSING] = missing
+        return out
+
+
+def send_open_loop(endpoint: str, offsets: np.ndarray, headers: list[bytes], *, drain_s: float = 5.0,
+                   duration_s: float | None = None, context: zmq.Context | None = None,
+                   start_delay_s: float = 0.01) -> Sent:
+    """The open loop: send headers[i] (a one-frame request whose id is i + 1) at offsets[i] s after
+    the start, whatever the replies do, reading replies in between; then wait up to `drain_s`
+    for the rest (counted from `duration_s`, the end of the schedule, by default the last send).
+    `offsets` must be sorted. Bounded in count and in time."""
     n = len(offsets)
-    headers = encode_all(n, model, inputs or ["hello world"], deadline_ms, tags)
+    if len(headers) != n:
+        raise ValueError(f"{len(headers)} headers for {n} send times")
+    offsets = np.asarray(offsets, dtype=float)
+    if duration_s is None:
+        duration_s = float(offsets[-1]) if n else 0.0
     ctx = context or zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     for opt, val in ((zmq.LINGER, 0), (zmq.SNDHWM, 0), (zmq.RCVHWM, 0)):
@@ -119,19 +168,18 @@ def run(endpoint: str, model: str, rate: float, duration_s: float, *, inputs: li
     done_at = np.full(n, np.nan)       # perf_counter when the reply came
     sent_lag = np.zeros(n)
     ok = np.zeros(n, dtype=bool)
+    codes: list[str | None] = [None] * n
     batch = np.zeros(n, dtype=np.int32)
     parts = np.zeros((n, 3), dtype=np.int64)   # daemon's timing: queue_us, compute_us, total_us
-    errors: dict[str, int] = {}
     duplicates = unexpected = received = 0
     simulated = False
     send, recv, decode = sock.send, sock.recv_multipart, P.reply_decoder.decode
     clock = time.perf_counter
     time.sleep(0.05)  # let the connection settle before the clock starts
     cpu0 = time.process_time()
-    t0 = clock() + 0.01
+    t0 = clock() + start_delay_s
     due = offsets + t0
-    end_send = t0 + duration_s
-    hard_stop = end_send + drain_s
+    hard_stop = t0 + duration_s + drain_s
     i = 0
     while True:
         now = clock()
@@ -166,15 +214,14 @@ def run(endpoint: str, model: str, rate: float, duration_s: float, *, inputs: li
                     tm = reply.timing
                     batch[idx] = tm.batch_size
                     parts[idx] = (tm.queue_us, tm.compute_us, tm.total_us)
-                    simulated = simulated or reply.timing.simulated
+                    simulated = simulated or tm.simulated
             else:
-                code = reply.error.code if reply.error else "error"
-                errors[code] = errors.get(code, 0) + 1
+                codes[idx] = reply.error.code if reply.error else "error"
         now = clock()
         if i >= n:
             if received >= n or now >= hard_stop:
                 break
-            poller.poll(max(1, int((hard_stop - now) * 1000)) if received < n else 0)
+            poller.poll(max(1, int((hard_stop - now) * 1000)))
             continue
         if now >= hard_stop:  # cannot happen unless the clock jumps; bound the loop anyway
             break
@@ -186,15 +233,24 @@ def run(endpoint: str, model: str, rate: float, duration_s: float, *, inputs: li
     elapsed = clock() - t0
     cpu = time.process_time() - cpu0
     sock.close(0)
-    missing = n - received
-    if missing:
-        errors[MISSING] = missing
-    result = summarise(rate, duration_s, warmup_s, offsets, done_at - t0, ok, batch, sent_lag, errors,
-                       duplicates, unexpected, simulated, cpu, elapsed)
-    result.extra["breakdown_ms"] = breakdown(offsets, done_at - t0, ok, parts, min(warmup_s, duration_s / 4))
+    done = done_at - t0
+    return Sent(offsets, done, ok, codes, batch, parts, sent_lag, i, duplicates, unexpected, simulated, cpu,
+                elapsed, duration_s)
+
+
+def run(endpoint: str, model: str, rate: float, duration_s: float, *, inputs: list[Any] | None = None,
+        deadline_ms: float | None = None, tags: tuple[str, ...] = (), warmup_s: float = 0.5,
+        drain_s: float = 5.0, seed: int = 1, context: zmq.Context | None = None, raw: bool = False) -> RunResult:
+    """One open-loop Poisson run at `rate` requests/s for `duration_s`; then wait up to `drain_s` for stragglers."""
+    offsets = schedule(rate, duration_s, seed)
+    headers = encode_all(len(offsets), model, inputs or ["hello world"], deadline_ms, tags)
+    s = send_open_loop(endpoint, offsets, headers, drain_s=drain_s, duration_s=duration_s, context=context)
+    result = summarise(rate, duration_s, warmup_s, offsets, s.done, s.ok, s.batch, s.sent_lag, s.errors(),
+                       s.duplicates, s.unexpected, s.simulated, s.cpu_s, s.elapsed_s)
+    result.extra["breakdown_ms"] = breakdown(offsets, s.done, s.ok, s.parts, min(warmup_s, duration_s / 4))
     if raw:  # per request, for diagnosis (not serialised): scheduled and reply times (s), lag, daemon timings
-        result.raw = {"offsets": offsets, "done": done_at - t0, "ok": ok, "sent_lag": sent_lag, "parts_us": parts,
-                      "batch": batch}
+        result.raw = {"offsets": offsets, "done": s.done, "ok": s.ok, "sent_lag": s.sent_lag, "parts_us": s.parts,
+                      "batch": s.batch, "codes": s.codes}
     return result
 
 

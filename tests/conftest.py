@@ -1,41 +1,30 @@
-"""Fixtures that run the real daemon in a subprocess over real (ipc://) sockets."""
+"""Fixtures that run the real daemon in a subprocess over real (ipc://) sockets.
+
+The daemon is started by the one launcher the benchmarks use too (benchmarks/harness.py:
+`Daemon`, `wait_until`); `start_daemon` writes the tests' config around a body and waits
+until it serves.
+"""
 
 from __future__ import annotations
 
-import os
-import signal
 import socket
-import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
-from dynbatchd.client import DynbatchdError, control_call
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+for _path in (str(REPO), str(TESTS)):   # `benchmarks` (the launcher) and tests/helpers.py (callable runners)
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/helpers.py for callable runners
+from benchmarks.harness import Daemon, WaitTimeout, wait_until  # noqa: E402
 
+RunningDaemon = Daemon   # .proc .endpoint .control .config .log .call() .status() .logs() .stop()
 
-class RunningDaemon:
-    def __init__(self, proc: subprocess.Popen, endpoint: str, control: str, config: Path, log: Path):
-        self.proc, self.endpoint, self.control, self.config, self.log = proc, endpoint, control, config, log
-
-    def call(self, cmd: str, **args):
-        return control_call(self.control, cmd, **args)
-
-    def status(self) -> dict:
-        return self.call("status")
-
-    def logs(self) -> str:
-        return self.log.read_text()
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout)
+__all__ = ["REPO", "Daemon", "RunningDaemon", "SIMULATED", "MINILM", "WaitTimeout", "free_port", "start_daemon", "wait_until"]
 
 
 def free_port() -> int:
@@ -48,8 +37,7 @@ def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_ext
                  devices_extra: str = "") -> RunningDaemon:
     """Write a config (endpoints in `tmp`) plus `body`, start dynbatchd, wait until it serves."""
     endpoint, control = f"ipc://{tmp}/req.sock", f"ipc://{tmp}/ctl.sock"
-    config = tmp / "dynbatchd.toml"
-    config.write_text(textwrap.dedent(f"""
+    config = textwrap.dedent(f"""
         [daemon]
         listen = "{endpoint}"
         control = "{control}"
@@ -59,23 +47,10 @@ def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_ext
         use = ["cpu"]
         cpu_threads = 2
         {devices_extra}
-    """) + textwrap.dedent(body))
-    log = tmp / "daemon.log"
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parent)}
-    proc = subprocess.Popen([sys.executable, "-m", "dynbatchd", "start", "--config", str(config)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    daemon = RunningDaemon(proc, endpoint, control, config, log)
-    deadline = time.monotonic() + ready_timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"daemon exited with {proc.returncode}:\n{daemon.logs()}")
-        try:
-            if control_call(control, "ping", timeout_s=1)["state"] == "serving":
-                return daemon
-        except DynbatchdError:
-            pass  # not bound yet; control_call itself waited up to a second
-    proc.kill()
-    raise RuntimeError(f"daemon not serving after {ready_timeout} s:\n{daemon.logs()}")
+    """) + textwrap.dedent(body)
+    daemon = Daemon(Path(tmp) / "dynbatchd.toml", endpoint, control, config_text=config,
+                    log=Path(tmp) / "daemon.log", pythonpath=[TESTS, REPO])
+    return daemon.start(ready_timeout)
 
 
 SIMULATED = """

@@ -1,8 +1,13 @@
-"""A user's model for the `callable` runner, used by the end-to-end tests.
+"""Helpers for the end-to-end tests, and a user's model for the `callable` runner.
 
 echo_or_fail returns each input back, except that the input "fail" raises
 (the worker must isolate it), "crash" (or any text starting so) kills the worker process outright and
-"hang" never returns.
+"hang" never returns. The daemon's workers import this module for it, so everything at module
+level stays standard library; the test helpers import what they need when called.
+
+wait_until(predicate, timeout_s, interval_s=0.05, message=...): poll with a pause between checks
+(benchmarks/harness.py has the one implementation). outcomes(futures) / codes(futures): what
+each client future came to.
 """
 
 import os
@@ -18,3 +23,44 @@ def echo_or_fail(inputs):
     if "fail" in texts:
         raise ValueError("this input is poison")
     return [x for x in inputs]
+
+
+def wait_until(predicate, timeout_s, interval_s=0.05, *, message="condition not met"):
+    """Call `predicate` until it returns something truthy (and return that), sleeping `interval_s`
+    between calls; fail (WaitTimeout, an AssertionError) with `message` after `timeout_s`."""
+    from benchmarks.harness import wait_until as wait
+
+    return wait(predicate, timeout_s, interval_s, message=message)
+
+
+class Failure(str):
+    """A future that failed: equal to its error code (``"model_error"``), its text in `.message`."""
+
+    message: str = ""
+
+    def __new__(cls, code, message=""):
+        self = super().__new__(cls, code)
+        self.message = message
+        return self
+
+    def __repr__(self):
+        return f"Failure({str(self)!r}, {self.message!r})"
+
+
+def outcomes(futures, timeout=60):
+    """Each client future's result output, or a Failure (its error code) where it raised a
+    DynbatchdError; in the futures' order. Other exceptions propagate."""
+    from dynbatchd.client import DynbatchdError
+
+    out = []
+    for future in futures:
+        try:
+            out.append(future.result(timeout=timeout).output)
+        except DynbatchdError as exc:
+            out.append(Failure(exc.code, str(exc)))
+    return out
+
+
+def codes(futures, timeout=60):
+    """"ok" for each future that succeeded, else its error code."""
+    return [o if isinstance(o, Failure) else "ok" for o in outcomes(futures, timeout)]

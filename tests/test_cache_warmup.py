@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import time
 
 from dynbatchd.cache import ResultCache
 from dynbatchd.client import Client
 from dynbatchd_plugins.warmup import top_user_inputs
 from conftest import start_daemon
+from helpers import wait_until
 
 
 def test_cache_is_bounded_and_least_recently_used_goes_first():
@@ -57,9 +57,7 @@ def test_warmup_fills_the_cache_and_requests_are_served_from_it(tmp_path):
     try:
         queued = daemon.call("warmup", top_users=3)
         assert queued == {"queued": 3, "already_cached": 0, "backlog": 3}
-        deadline = time.monotonic() + 30
-        while daemon.status()["cache"]["entries"] < 3:
-            assert time.monotonic() < deadline, "warmup did not finish"
+        wait_until(lambda: daemon.status()["cache"]["entries"] >= 3, 30, message="warmup did not finish")
         bulk = daemon.status()["channels"]["bulk"]
         assert bulk["warmup"]["batches"] >= 1 and bulk["warmup"]["items"] == 3   # it ran in the warmup channel
         assert bulk["batches"] == 0 and bulk["fill_rate"] == 0       # and is kept out of the live figures

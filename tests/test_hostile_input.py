@@ -11,8 +11,10 @@ import msgspec
 import pytest
 import zmq
 
+from conftest import REPO, SIMULATED, free_port, start_daemon
 from dynbatchd import protocol as P
 from dynbatchd.client import Client, control_call
+from helpers import outcomes, wait_until
 
 DEEP = b"\x83\xa2id\x01\xa5model\xa4echo\xa5value" + b"\x91" * 1000 + b"\xc0"
 
@@ -81,7 +83,6 @@ def test_a_deep_control_request_is_refused_and_control_keeps_working(sim_daemon)
 def test_three_poison_inputs_fail_alone_and_do_not_spend_the_restart_budget(tmp_path):
     """The high fault: each poison input killed its worker twice, the restart budget counted
     over the daemon's life, and after three of them the device was given up for good."""
-    from conftest import SIMULATED, start_daemon
     from dynbatchd.client import ModelError
 
     daemon = start_daemon(tmp_path, SIMULATED, devices_extra="restart_limit = 1")
@@ -89,15 +90,10 @@ def test_three_poison_inputs_fail_alone_and_do_not_spend_the_restart_budget(tmp_
         with Client(daemon.endpoint) as client:
             for round_ in range(3):
                 texts = [f"a{round_}", f"crash{round_}", f"b{round_}", f"c{round_}"]
-                futures = [client.submit("echo", t, deadline_ms=60_000, timeout=120) for t in texts]
-                outcomes = []
-                for f in futures:
-                    try:
-                        outcomes.append(f.result(timeout=120).output)
-                    except ModelError as exc:
-                        assert "quarantined" in str(exc)
-                        outcomes.append("model_error")
-                assert outcomes == [texts[0], "model_error", texts[2], texts[3]]
+                got = outcomes([client.submit("echo", t, deadline_ms=60_000, timeout=120) for t in texts],
+                               timeout=120)
+                assert got == [texts[0], "model_error", texts[2], texts[3]]
+                assert "quarantined" in got[1].message
             standard = daemon.status()["channels"]["standard"]
             assert standard["mean_batch"] > 1   # the poison shared its first batch with the innocent
             assert client.infer("echo", "still served") == "still served"
@@ -112,24 +108,18 @@ def test_three_poison_inputs_fail_alone_and_do_not_spend_the_restart_budget(tmp_
 
 
 def test_a_reply_to_a_client_that_left_is_counted_not_silently_lost(sim_daemon):
-    import time
-
     before = sim_daemon.status()["daemon"]["replies_undelivered"]
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 5000)   # the request is flushed before the socket goes
     sock.connect(sim_daemon.endpoint)
     sock.send(msgspec.msgpack.encode({"id": 1, "model": "sim", "text": "bye", "deadline_ms": 60_000}))
     sock.close()                        # gone before the batch window (5 ms) closes
-    deadline = time.monotonic() + 20
-    while sim_daemon.status()["daemon"]["replies_undelivered"] == before:
-        assert time.monotonic() < deadline, "the undeliverable reply was never counted"
-        time.sleep(0.05)   # polling a counter between checks, bounded by the deadline above
+    wait_until(lambda: sim_daemon.status()["daemon"]["replies_undelivered"] > before, 20,
+               message="the undeliverable reply was never counted")
 
 
 @pytest.mark.parametrize("which", ["listen", "control", "metrics_listen"])
 def test_an_address_in_use_is_one_line_and_comes_before_any_model_loads(tmp_path, which):
-    from conftest import REPO, free_port
-
     port = free_port()
     holder = zmq.Context.instance().socket(zmq.ROUTER) if which != "metrics_listen" else None
     blocker = socket.socket()

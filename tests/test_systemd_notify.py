@@ -8,11 +8,9 @@ while it runs under a watchdog (the pinging itself: tests/test_watchdog.py).
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -23,10 +21,9 @@ import msgspec
 import pytest
 import zmq
 
+from conftest import Daemon
 from dynbatchd import systemd
 from dynbatchd.client import control_call
-
-REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "AF_UNIX"), reason="sd_notify needs AF_UNIX sockets")
 
@@ -122,10 +119,10 @@ def test_daemon_tells_systemd_ready_reloading_and_stopping(short_dir, systemd_so
     config = short_dir / "dynbatchd.toml"
     write_config(config, short_dir, window_ms=2)
     log = short_dir / "daemon.log"
-    env = {**without_watchdog(os.environ), "HF_HUB_OFFLINE": "1", "NOTIFY_SOCKET": str(short_dir / "notify")}
-    proc = subprocess.Popen([sys.executable, "-m", "dynbatchd", "start", "--config", str(config)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
     control = f"ipc://{short_dir}/ctl.sock"
+    daemon = Daemon(config, f"ipc://{short_dir}/req.sock", control, log=log,
+                    env={**WITHOUT_WATCHDOG, "NOTIFY_SOCKET": str(short_dir / "notify")}).launch()
+    proc = daemon.proc
     try:
         try:
             ready = states(systemd_socket, 120)
@@ -160,26 +157,23 @@ def test_daemon_tells_systemd_ready_reloading_and_stopping(short_dir, systemd_so
         assert states(systemd_socket, 30) == "STOPPING=1"
         assert proc.wait(60) == 0, log.read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        daemon.kill()
 
 
-def without_watchdog(env) -> dict[str, str]:
-    """The environment minus a watchdog of our own (tests run under systemd), so pings do not interleave."""
-    return {k: v for k, v in env.items() if k not in ("WATCHDOG_USEC", "WATCHDOG_PID")}
+# The environment minus a watchdog of our own (tests run under systemd), so pings do not interleave.
+WITHOUT_WATCHDOG = {"WATCHDOG_USEC": None, "WATCHDOG_PID": None}
 
 
 def test_daemon_pings_the_watchdog_while_it_serves_and_drains(short_dir, systemd_socket):
     config = short_dir / "dynbatchd.toml"
     write_config(config, short_dir, window_ms=2)
     log = short_dir / "daemon.log"
-    env = {**without_watchdog(os.environ), "HF_HUB_OFFLINE": "1", "NOTIFY_SOCKET": str(short_dir / "notify"),
+    env = {**WITHOUT_WATCHDOG, "NOTIFY_SOCKET": str(short_dir / "notify"),
            "WATCHDOG_USEC": "1000000"}   # pings every 0.5 s
     # As systemd does: WATCHDOG_PID is the daemon's own pid (exec keeps the shell's), so workers see another.
-    proc = subprocess.Popen(["/bin/sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh",
-                             sys.executable, "-m", "dynbatchd", "start", "--config", str(config)],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=REPO)
+    daemon = Daemon(config, f"ipc://{short_dir}/req.sock", f"ipc://{short_dir}/ctl.sock", log=log, env=env,
+                    wrap=["/bin/sh", "-c", 'WATCHDOG_PID=$$ exec "$@"', "sh"]).launch()
+    proc = daemon.proc
     try:
         seen = []
         while not any(s.startswith("READY=1") for s in seen):
@@ -196,9 +190,7 @@ def test_daemon_pings_the_watchdog_while_it_serves_and_drains(short_dir, systemd
         assert after[-1] == "STOPPING=1", after
         assert proc.wait(60) == 0, log.read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        daemon.kill()
 
 
 def assert_answers(endpoint: str) -> None:
