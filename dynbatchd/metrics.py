@@ -160,6 +160,8 @@ def _daemon(page: _Page, daemon: dict[str, Any]) -> None:
             ("dropped", "dynbatchd_messages_dropped_total", "Messages dropped by the front end: no reply address."),
             ("replies_undelivered", "dynbatchd_replies_undelivered_total",
              "Replies ZeroMQ could not deliver (client gone, its queue full)."),
+            ("unauthenticated", "dynbatchd_unauthenticated_total",
+             "Connections refused by CURVE (unknown or missing client key): never answered with data."),
     ):
         if key in daemon:
             page.family(name, "counter", help_text, [("", daemon[key])])

@@ -59,6 +59,7 @@ class Operations:
                        "bad_requests": self.front.bad_requests if self.front else 0,
                        "dropped": self.front.dropped if self.front else 0,
                        "replies_undelivered": self.front.io.undeliverable if self.front else 0,
+                       "unauthenticated": sum(p.unauthenticated for p in (self.front, self.control) if p is not None),
                        "quarantined": snap["quarantined"],
                        "health": daemon_health(snap["channels"], deadlines, devices, self.engine.memory_used)},
             "channels": snap["channels"],

@@ -18,7 +18,7 @@ SHIPPED = (REPO / "etc" / "dynbatchd.toml").read_text()
 
 def config_with_control(path: Path, control: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(SHIPPED.replace('control = "tcp://127.0.0.1:5556"', f'control = "{control}"'))
+    path.write_text(SHIPPED.replace("[daemon]\n", f'[daemon]\ncontrol = "{control}"\n', 1))
     return path
 
 

@@ -78,7 +78,7 @@ def test_2000_requests_from_8_clients_answered_exactly_once_in_real_batches(mini
         ids = Counter(r.id for _, r in replies)
         assert sorted(ids) == [client_no * 100_000 + i for i in range(250)], "a client got someone else's or lost replies"
         assert set(ids.values()) == {1}, "a request was answered twice"
-        assert all(r.ok for _, r in replies)
+        assert all(r.ok for _, r in replies), Counter(r.error.code + ": " + r.error.message[:80] for _, r in replies if not r.ok)
     sizes = [r.timing.batch_size for replies in per_client for _, r in replies]
     assert max(sizes) > 1
 

@@ -292,7 +292,7 @@ def test_empty_lanes_are_forgotten_so_a_poll_walks_only_lanes_with_work():
 
 def learned(s: Scheduler, channel: str, per_item_ms: float, base_ms: float = 0.0) -> None:
     """Teach a channel's cost model a device of base + per_item per batch."""
-    for n in (1, 10, 1, 10):
+    for n in (1, 10) * 10:
         s.channels[channel].cost.observe(n, 0, int((base_ms + per_item_ms * n) * MS))
 
 
@@ -338,7 +338,7 @@ def test_the_work_of_higher_priority_channels_counts_ahead_and_lower_does_not():
 
 def test_a_short_request_is_judged_on_the_work_a_backlog_would_serve_before_it():
     s = make(c=ChannelSettings(max_batch=4, window_ms=0, deadline_ms=10_000, queue_limit=10_000))
-    for n, tokens in ((1, 0), (4, 0), (1, 1000), (4, 4000)):
+    for n, tokens in ((1, 0), (4, 0), (1, 1000), (4, 4000)) * 5:
         s.channels["c"].cost.observe(n, tokens, int((1 * n + 0.1 * tokens) * MS))   # 1 ms each + 0.1 ms/token
     for _ in range(20):
         assert s.submit(item("c", 0, deadline_ms=60_000, tokens=2000), 0, idle=False)   # 20 x 201 ms queued

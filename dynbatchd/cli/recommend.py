@@ -142,8 +142,8 @@ def recommend(ctx: typer.Context,
     """Recommend max_batch and window per channel from the daemon's observed traffic (SIMULATED)."""
     err = Console(stderr=True)
     try:
-        status = control_call(ctx.obj.control, "status")
-        raw = control_call(ctx.obj.control, "config")
+        status = control_call(ctx.obj.control, "status", **ctx.obj.curve_args(ctx.obj.control))
+        raw = control_call(ctx.obj.control, "config", **ctx.obj.curve_args(ctx.obj.control))
         raw.pop("source", None)
         cfg = cfgmod.parse(raw, "running config")
         plan = plan_channels(cfg, status, duration, seed, Plugins.load())
@@ -154,7 +154,7 @@ def recommend(ctx: typer.Context,
     if apply:
         for name, p in plan["channels"].items():
             if p["change"]:
-                control_call(ctx.obj.control, "tune", channel=name, max_batch=p["recommended"]["max_batch"],
+                control_call(ctx.obj.control, "tune", **ctx.obj.curve_args(ctx.obj.control), channel=name, max_batch=p["recommended"]["max_batch"],
                              window_ms=p["recommended"]["window_ms"])
                 applied.append(name)
     plan["applied"] = applied
