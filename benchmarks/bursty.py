@@ -17,7 +17,7 @@ import shlex
 import subprocess
 import sys
 
-from dynbatchd.config import ChannelSettings, WindowSettings
+from dynbatchd.config import ChannelSettings, PolicySettings
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv, simulate
 
@@ -32,7 +32,7 @@ def setups() -> dict[str, ChannelSettings]:
     common = dict(max_batch=32, deadline_ms=DEADLINE_MS, queue_limit=100_000)
     return {"fixed 10 ms": ChannelSettings(window_ms=10, **common),
             "fixed 100 ms": ChannelSettings(window_ms=100, **common),
-            "slo (cap 100 ms)": ChannelSettings(window_ms=100, window=WindowSettings(policy="slo"), **common)}
+            "slo (cap 100 ms)": ChannelSettings(window_ms=100, window=PolicySettings(policy="slo"), **common)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -146,7 +146,8 @@ class ModelSettings(Frozen, kw_only=True):
     options: dict[str, Any] = {}
 
 
-class WindowSettings(Frozen, kw_only=True):
+class PolicySettings(Frozen, kw_only=True):
+    """Which registered policy a channel uses for its window or its batch size, and its options."""
     policy: str = "fixed"
     options: dict[str, Any] = {}
 
@@ -163,8 +164,8 @@ class ChannelSettings(Frozen, kw_only=True):
     token_buckets: list[NonNegative] = []
     min_share: Annotated[float, Meta(ge=0, le=1)] = 0.0
     carries: list[str] = []
-    window: WindowSettings | None = None
-    batch_size: WindowSettings | None = None
+    window: PolicySettings | None = None
+    batch_size: PolicySettings | None = None
 
 
 class RoutingRule(Frozen, kw_only=True):
@@ -203,8 +204,8 @@ class Config(Frozen, kw_only=True):
     plugins: dict[str, dict[str, Any]] = {}
     source: str = "<memory>"
 
-    def window_of(self, channel: str) -> WindowSettings:
-        return self.channels[channel].window or WindowSettings()
+    def window_of(self, channel: str) -> PolicySettings:
+        return self.channels[channel].window or PolicySettings()
 
     def channels_carrying(self, tag: str) -> set[str]:
         """Channels that declare `tag` traffic or that a routing rule sends it to."""

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings, WindowSettings
+from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings, PolicySettings
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import (COMPLETED, EXPIRED, FAILED, MS, OVERLOADED, Arrival, DeviceModel,
                                 SimulationError, as_arrival, simulate)
@@ -187,7 +187,7 @@ def test_every_registered_policy_answers_everything(kind):
     names = windows if kind == "window" else sizers
     trace = mixed_trace(1500, rate=1200)
     for name in names:
-        sel = WindowSettings(policy=name)
+        sel = PolicySettings(policy=name)
         settings = ch(max_batch=32, window_ms=50, deadline_ms=500,
                       **({"window": sel} if kind == "window" else {"batch_size": sel}))
         r = simulate({"s": settings}, trace, device=DEV, window_policies=windows, sizers=sizers)
@@ -279,7 +279,7 @@ def test_batch_sizers_are_fed_once_a_simulated_second_like_the_daemon():
             return {"policy": "spy"}
 
     dev = DeviceModel(base_ms=8.0, per_item_ms=0.5, memory_items=64)
-    settings = ch(batch_size=WindowSettings(policy="spy"))
+    settings = ch(batch_size=PolicySettings(policy="spy"))
     trace = [(0, 0, "s")] * 64 + [(int(1.5e9), 0, "s")]
     simulate({"s": settings}, trace, device=dev, sizers={"spy": lambda name, s, o: Spy()})
     # 48 ms of compute in the first second; the fullest batch used 32/64 of the memory limit.

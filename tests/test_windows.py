@@ -313,7 +313,7 @@ def simulate(arrivals: list[int], max_batch: int, window_ms: float, policy: str 
              deadline_ms: float = 500, phase_s: int = 4) -> Outcome:
     """One device, one batch in flight, event-driven on a fake clock."""
     settings = cfgmod.ChannelSettings(max_batch=max_batch, window_ms=window_ms, deadline_ms=deadline_ms,
-                                      queue_limit=1 << 20, window=cfgmod.WindowSettings(policy=policy))
+                                      queue_limit=1 << 20, window=cfgmod.PolicySettings(policy=policy))
     sched = Scheduler(build_channels({"c": settings}, factories()))
     events = [(t, 1, i, None) for i, t in enumerate(arrivals)]
     heapq.heapify(events)
