@@ -40,7 +40,7 @@ import numpy as np
 
 from benchmarks import loadgen, traces
 from benchmarks.harness import Daemon, ipc_daemon
-from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings, WindowSettings
+from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings, PolicySettings
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import DeviceModel, SimResult, simulate
 
@@ -76,9 +76,9 @@ class Setup:
         kw["max_batch"] = self.max_batch
         kw["window_ms"] = self.window_ms
         if self.window != "fixed":
-            kw["window"] = WindowSettings(policy=self.window, options=dict(self.window_options))
+            kw["window"] = PolicySettings(policy=self.window, options=dict(self.window_options))
         if self.sizer != "static":
-            kw["batch_size"] = WindowSettings(policy=self.sizer, options=dict(self.sizer_options))
+            kw["batch_size"] = PolicySettings(policy=self.sizer, options=dict(self.sizer_options))
         return ChannelSettings(**kw)
 
     def toml(self) -> str:
@@ -265,8 +265,8 @@ K12_ROUTING = RoutingSettings(default="standard", rules=[RoutingRule(channel="bu
 
 
 def k12_channels(window: str = "fixed", sizer: str = "static") -> dict[str, ChannelSettings]:
-    def sel(policy: str) -> WindowSettings | None:
-        return WindowSettings(policy=policy) if policy not in ("fixed", "static") else None
+    def sel(policy: str) -> PolicySettings | None:
+        return PolicySettings(policy=policy) if policy not in ("fixed", "static") else None
     common = {"window": sel(window), "batch_size": sel(sizer)}
     return {"realtime": ChannelSettings(max_batch=16, window_ms=30, deadline_ms=200, queue_limit=1024, priority=2, **common),
             "standard": ChannelSettings(max_batch=32, window_ms=100, deadline_ms=1000, queue_limit=4096, priority=1, **common),
