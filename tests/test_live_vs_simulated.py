@@ -23,6 +23,7 @@ import random
 import time
 from dataclasses import dataclass
 
+import psutil
 import zmq
 
 from dynbatchd import config as cfgmod, protocol as P
@@ -84,7 +85,8 @@ COUNT_TOLERANCE_MIN = 2
 # msgpack and two ipc:// hops (status' learned cost is ~8% over the model's). Later closes and
 # longer batches both make batches larger, never smaller. Measured: 1.02-1.07 on a quiet machine
 # (the simulator with every window 0.5 ms longer gives 1.03 standard / 1.05 realtime: the timer
-# rounding is most of it), up to 1.12 with the rest of the suite or other work alongside.
+# rounding is most of it), up to 1.15 with the rest of the suite and other work alongside
+# (1.0-1.7 of the 2 cores busy with other processes; "other load" in the printed table).
 # Allowed: 0.97-1.20. A simulated device 2x slower than the live one gives ~0.89 (realtime),
 # 3x ~0.67 (both channels): both fail; 1.5x (~0.99) is within what this test can resolve.
 MEAN_BATCH_LOW, MEAN_BATCH_HIGH = 0.97, 1.20
@@ -97,8 +99,9 @@ ON_TIME_TOLERANCE = 0.01
 # send bursts together, mean batch grows 14-27% and requests expire. Such a run says nothing
 # about the simulator: it is replayed on a fresh daemon, at most REPLAYS times in all (each
 # replay takes ~8 s with the daemon's start; the simulated side runs once, it is deterministic).
-# Measured: 1 run in 5 to 2 in 5 past the limit with the rest of the suite and other sessions'
-# work on the machine; REPLAYS disturbed runs in a row fail the test.
+# Measured: 1 run in 5 past the limit with the rest of the suite alongside, up to 2 in 3 with
+# other sessions' benchmarks and busy loops on the machine too; REPLAYS disturbed runs in a row
+# fail the test (that machine cannot tell a right simulator from a wrong one).
 MAX_MEAN_SEND_LAG_MS = 0.5
 REPLAYS = 3
 REPLY_WAIT_S = 30.0          # bounded wait for the last replies (they come within ~0.2 s)
@@ -137,6 +140,7 @@ class LiveRun:
     lag_ms: list[float]         # how late each request left against its schedule
     duplicates: int
     status: dict
+    other_cores: float          # CPU the rest of the machine used meanwhile, in cores (of 2)
 
     @property
     def mean_lag_ms(self) -> float:
@@ -195,15 +199,38 @@ def drive_live(endpoint: str, plan: list[Planned]) -> tuple[list[str | None], li
     return codes, lag_ms, duplicates
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (every core, every process)."""
+    t = psutil.cpu_times()
+    return sum(getattr(t, f) for f in t._fields if f not in ("idle", "iowait", "guest", "guest_nice"))
+
+
+def own_cpu_s(procs: list[psutil.Process]) -> float:
+    """CPU seconds of this test's own processes: this one, the daemon and its workers."""
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def run_live(tmp_path, plan: list[Planned]) -> tuple[cfgmod.Config, LiveRun]:
     daemon = start_daemon(tmp_path, BODY)
     try:
         cfg = cfgmod.load(daemon.config)
+        root = psutil.Process(daemon.proc.pid)
+        procs = [psutil.Process(), root, *root.children(recursive=True)]
+        busy0, own0, t0 = machine_busy_s(), own_cpu_s(procs), time.monotonic()
         codes, lag_ms, duplicates = drive_live(daemon.endpoint, plan)
+        wall = time.monotonic() - t0
+        other = max(0.0, (machine_busy_s() - busy0) - (own_cpu_s(procs) - own0)) / wall
         status = daemon.status()
     finally:
         assert daemon.stop() == 0, daemon.logs()
-    return cfg, LiveRun(codes, lag_ms, duplicates, status)
+    return cfg, LiveRun(codes, lag_ms, duplicates, status, other)
 
 
 # -- simulated ----------------------------------------------------------------------------------
@@ -258,7 +285,8 @@ def table(rows: dict[str, dict[str, tuple[float, float]]], sim: SimResult, live:
     lags = sorted(live.lag_ms)
     lines = [f"live vs SIMULATED: {REQUESTS} requests over {SPAN_S:g} s, seed {SEED}; "
              f"simulated device utilisation {100 * sim.utilisation():.1f}%; "
-             f"sender lag mean {sum(lags) / len(lags):.3f} ms, p99 {lags[int(0.99 * len(lags))]:.3f} ms",
+             f"sender lag mean {sum(lags) / len(lags):.3f} ms, p99 {lags[int(0.99 * len(lags))]:.3f} ms; "
+             f"other load {live.other_cores:.2f} cores",
              f"{'channel':<10} {'figure':<11} {'live':>9} {'simulated':>10} {'tolerance':>10}  ok"]
     for name, figs in rows.items():
         offered = figs["offered"][1]
