@@ -57,7 +57,7 @@ import numpy as np
 import zmq
 
 from benchmarks import loadgen
-from benchmarks.harness import REPO, Daemon, ipc_daemon, vm_rss_bytes, wait_until
+from benchmarks.harness import REPO, Daemon, ipc_daemon, machine_busy_s, vm_rss_bytes, wait_until
 from dynbatchd import protocol as P
 from dynbatchd.client import Client, DynbatchdError, build_request, control_call
 
@@ -589,6 +589,11 @@ class Round:
     recovered_s: float | None
     rss_mb: tuple[float, float, float]   # start, peak, end
     send_lag_p99_ms: float
+    daemon_cores: float                  # the daemon process's CPU over the round (its event loop is one thread)
+    workers_cores: float
+    other_cores: float                   # what the rest of the machine used meanwhile (not this benchmark's)
+    rt_missed_per_5s: list[int]          # realtime requests not on time, by when they were due
+    rt_late_ms: dict[str, float]         # latency of realtime requests answered ok but late
 
 
 class RssSampler(threading.Thread):
@@ -625,10 +630,15 @@ def overload_round(daemon: Daemon, seconds: float, factor: float, seed: int) -> 
     rss0 = daemon.rss()
     sampler = RssSampler(daemon.pid)
     sampler.start()
+    cpu0, busy0, own0 = daemon.cpu(), machine_busy_s(), time.process_time()
     sent = loadgen.send_open_loop(daemon.endpoint, offsets, headers, drain_s=5.0)
+    cpu1, busy1, own1 = daemon.cpu(), machine_busy_s(), time.process_time()
     sampler.stop.set()
     sampler.join(5)
     rss1 = daemon.rss()
+    wall = cpu1.at - cpu0.at
+    d_cpu, w_cpu = cpu1.daemon_s - cpu0.daemon_s, cpu1.workers_s - cpu0.workers_s
+    other = max(0.0, (busy1 - busy0) - d_cpu - w_cpu - (own1 - own0)) / wall
     lat = sent.latency_ms()
     codes = [sent.code(i) for i in range(len(offsets))]
     idle = lat[:n_pre][sent.ok[:n_pre]]
@@ -638,6 +648,10 @@ def overload_round(daemon: Daemon, seconds: float, factor: float, seed: int) -> 
     rt_idx = np.flatnonzero(urgent) + n_pre
     std_idx = np.flatnonzero(~urgent) + n_pre
     rt_on_time = sum(1 for i in rt_idx if sent.ok[i] and lat[i] <= RT_DEADLINE_MS)
+    missed = [i for i in rt_idx if not (sent.ok[i] and lat[i] <= RT_DEADLINE_MS)]
+    per_5s = np.bincount(((sent.offsets[missed] - pre) // 5).astype(int).clip(0),
+                         minlength=int(np.ceil(seconds / 5))).tolist() if missed else [0] * int(np.ceil(seconds / 5))
+    late = np.array([lat[i] for i in missed if sent.ok[i]])
     # recovery: the first probe after the load from which on every probe is normal; recovered when it was answered
     post_idx = range(n_pre + n_load, len(offsets))
     normal_flags = [bool(sent.ok[i] and lat[i] <= normal) for i in post_idx]
@@ -655,7 +669,11 @@ def overload_round(daemon: Daemon, seconds: float, factor: float, seed: int) -> 
         normal_ms=round(normal, 2), recovered_s=None if recovered is None else round(recovered, 3),
         rss_mb=(round(rss0 / 2 ** 20, 1), round(max(sampler.samples + [rss0, rss1]) / 2 ** 20, 1),
                 round(rss1 / 2 ** 20, 1)),
-        send_lag_p99_ms=round(float(np.percentile(sent.sent_lag, 99)) * 1000, 2))
+        send_lag_p99_ms=round(float(np.percentile(sent.sent_lag, 99)) * 1000, 2),
+        daemon_cores=round(d_cpu / wall, 3), workers_cores=round(w_cpu / wall, 3), other_cores=round(other, 3),
+        rt_missed_per_5s=per_5s,
+        rt_late_ms={"count": int(len(late)), "p50": round(float(np.percentile(late, 50)), 1) if len(late) else 0.0,
+                    "max": round(float(late.max()), 1) if len(late) else 0.0})
 
 
 def bench_overload(rounds: int, seconds: float, factor: float = 3.0, log=print) -> dict[str, Any]:
@@ -674,6 +692,9 @@ def bench_overload(rounds: int, seconds: float, factor: float = 3.0, log=print) 
                     f"{'never' if r.recovered_s is None else f'{r.recovered_s:.3f} s'} after the load "
                     f"(normal: <= {r.normal_ms} ms, idle p99 {r.idle_p99_ms} ms); VmRSS start/peak/end "
                     f"{r.rss_mb[0]}/{r.rss_mb[1]}/{r.rss_mb[2]} MiB; send lag p99 {r.send_lag_p99_ms} ms")
+                log(f"         CPU: daemon {r.daemon_cores} cores, workers {r.workers_cores}, the rest of the machine "
+                    f"{r.other_cores}; realtime late but ok: {r.rt_late_ms}; realtime misses per 5 s: "
+                    f"{r.rt_missed_per_5s}")
             status = daemon.status()
         finally:
             code = daemon.stop(60)
