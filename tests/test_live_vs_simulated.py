@@ -74,29 +74,30 @@ BODY = """
 #
 # Counts, of ~600 (realtime) and ~2,400 (standard) requests. The hopeless requests expire on
 # both sides exactly (asserted one by one); every other request has 7-10x its live p99 latency as
-# deadline (100 / 300 ms), so a live miss needs a stall of ~80 ms in the daemon or its worker,
-# which on this shared 2-core machine only happened in runs the replay check below throws out.
+# deadline (100 / 300 ms), so a live miss needs a stall of ~80 ms in the daemon or its worker.
+# Measured: identical counts in all but one of the 40-odd runs the replay check below accepted
+# (that one with two busy loops and other sessions' suites on the 2 cores: realtime 568 vs 583).
 # Allowed: 0.5% of the channel's requests, at least 2 (3 realtime, 12 standard).
 COUNT_TOLERANCE = 0.005
 COUNT_TOLERANCE_MIN = 2
 # Mean batch, as live / simulated. Live only ever adds time the model does not have: the daemon's
 # timers fire late (asyncio rounds every epoll wait up to a whole millisecond, so a window due to
 # close at 4.3 ms closes at 5 or later), and each batch pays the worker's Python around its sleep,
-# msgpack and two ipc:// hops (status' learned cost is ~8% over the model's). Later closes and
-# longer batches both make batches larger, never smaller. Measured: 1.02-1.07 on a quiet machine
+# msgpack and two ipc:// hops (status' learned base cost: 2.2-2.35 ms, 2 in the model). Later
+# closes and longer batches both make batches larger, never smaller. Measured: 1.02-1.07 on a quiet machine
 # (the simulator with every window 0.5 ms longer gives 1.03 standard / 1.05 realtime: the timer
 # rounding is most of it), up to 1.15 with the rest of the suite and other work alongside
 # (1.0-1.7 of the 2 cores busy with other processes; "other load" in the printed table).
-# Allowed: 0.97-1.20. A simulated device 2x slower than the live one gives ~0.89 (realtime),
-# 3x ~0.67 (both channels): both fail; 1.5x (~0.99) is within what this test can resolve.
+# Allowed: 0.97-1.20. A simulated device 2x slower than the live one gives 0.87 (realtime),
+# 3x 0.62-0.68 (both channels): both fail; 1.5x (~0.98) is within what this test can resolve.
 MEAN_BATCH_LOW, MEAN_BATCH_HIGH = 0.97, 1.20
 # On-time share (of every request offered: expired and overloaded count as misses): the count
-# tolerance as a share, doubled for late completions; measured identical in every valid run.
+# tolerance as a share, doubled for late completions; measured identical in the same runs.
 ON_TIME_TOLERANCE = 0.01
 # The replay check. The sender must keep to its schedule or live is replaying another trace:
-# quiet, requests leave 0.1-0.3 ms late on average; when this process (and so, on 2 cores, the
-# daemon beside it) is starved by other work they leave 0.6 ms to 5 ms late, stalls of 10-170 ms
-# send bursts together, mean batch grows 14-27% and requests expire. Such a run says nothing
+# quiet, requests leave 0.1-0.2 ms late on average; when this process (and so, on 2 cores, the
+# daemon beside it) is starved by other work they leave 0.6 ms to over 100 ms late, stalls of
+# 10-600 ms send bursts together, mean batch grows 14-56% and requests expire. Such a run says nothing
 # about the simulator: it is replayed on a fresh daemon, at most REPLAYS times in all (each
 # replay takes ~8 s with the daemon's start; the simulated side runs once, it is deterministic).
 # Measured: 1 run in 5 past the limit with the rest of the suite alongside, up to 2 in 3 with
