@@ -55,11 +55,13 @@ class ModelError(DynbatchdError): code = P.MODEL_ERROR
 class ShuttingDown(DynbatchdError): code = P.SHUTTING_DOWN
 class Refused(DynbatchdError): code = P.REFUSED
 class Unavailable(DynbatchdError): code = P.UNAVAILABLE
+class Cancelled(DynbatchdError): code = P.CANCELLED
 
 
 # The protocol's error codes (client-side conditions such as a timeout are not in it).
 ERRORS: dict[str, type[DynbatchdError]] = {c.code: c for c in (
-    BadRequest, UnknownModel, Overloaded, DeadlineExceeded, ModelError, ShuttingDown, Refused, Unavailable)}
+    BadRequest, UnknownModel, Overloaded, DeadlineExceeded, ModelError, ShuttingDown, Refused, Unavailable,
+    Cancelled)}
 
 
 @dataclass(frozen=True)
@@ -241,7 +243,11 @@ class AsyncClient:
         try:
             frames = await asyncio.wait_for(exchange(), limit)
         except asyncio.TimeoutError:
+            self._cancel(req_id)
             raise Timeout(f"no answer from {self.endpoint} within {limit:g} s") from None
+        except asyncio.CancelledError:   # the caller gave up (a cancelled task or future)
+            self._cancel(req_id)
+            raise
         except zmq.ZMQError as exc:
             if self.closed:
                 raise ClientClosed("client closed") from None
@@ -251,6 +257,13 @@ class AsyncClient:
         reply, output = parse_reply(frames)
         raise_for(reply)
         return Result(reply.id, output, reply.timing or P.Timing())
+
+    def _cancel(self, req_id: int) -> None:
+        """Tell the daemon to withdraw `req_id` if it is still queued (best effort, never blocks)."""
+        try:
+            self._sock.send(P.encoder.encode(P.Request(req_id, cancel=True)), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            pass
 
     async def infer(self, model: str, inputs: Any, **kwargs: Any) -> Any:
         """Send one input (text, numpy array or plain value) and return its output."""

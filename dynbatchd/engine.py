@@ -47,6 +47,7 @@ class Job:
     tenant: str | None = None
     cache_key: Hashable | None = None   # None: never served from or stored in the cache
     warmup: bool = False                # nobody waits for it; its result only fills the cache
+    item: Item | None = None            # the scheduler's entry, once queued (for cancel)
 
 
 @dataclass(slots=True)
@@ -145,11 +146,23 @@ class Engine:
                 usable += 1
                 idle = idle or not d.held
         if self.scheduler.submit(item, now_ns, usable, bool(idle)):
+            job.item = item
             return None
         wait = channel.refused_wait_ns
         why = (f"queue is full ({channel.settings.queue_limit})" if wait is None else
                f"backlogged: the predicted wait ({wait / 1e6:.0f} ms) and its own run end past its deadline")
         return Answer(job.payload, P.OVERLOADED, f"channel {job.channel!r} {why}")
+
+    def cancel(self, job: Job, now_ns: int) -> Answer | None:
+        """The client withdrew `job`: still queued, it leaves the queue and is answered
+        `cancelled`; already dispatched, it is answered when its batch ends (None)."""
+        item = job.item
+        if item is None or not item.queued:
+            return None
+        channel = self.channels[item.channel]
+        channel.withdraw(item)
+        channel.stats.cancelled += 1
+        return Answer(job.payload, P.CANCELLED, "cancelled by the client")
 
     def refused(self, channel: str) -> None:
         """A compliance check refused a request routed to `channel` (counted, never queued)."""

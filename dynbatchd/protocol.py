@@ -23,8 +23,9 @@ MODEL_ERROR = "model_error"
 SHUTTING_DOWN = "shutting_down"
 REFUSED = "refused"
 UNAVAILABLE = "unavailable"   # every device was given up: retrying here will not help, try another daemon
+CANCELLED = "cancelled"       # the client cancelled the request while it was still queued
 ERROR_CODES = (BAD_REQUEST, UNKNOWN_MODEL, OVERLOADED, DEADLINE_EXCEEDED, MODEL_ERROR,
-               SHUTTING_DOWN, REFUSED, UNAVAILABLE)
+               SHUTTING_DOWN, REFUSED, UNAVAILABLE, CANCELLED)
 
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "uint8", "bool")
 
@@ -39,7 +40,7 @@ class TensorRef(msgspec.Struct, omit_defaults=True, gc=False):
 class Request(msgspec.Struct, omit_defaults=True, gc=False):
     """What a client sends. Exactly one of text / tensor / value is the input."""
     id: int | str
-    model: str
+    model: str = ""                 # required, but for a cancel
     v: int = PROTOCOL_VERSION
     text: str | None = None
     tensor: TensorRef | None = None
@@ -52,6 +53,7 @@ class Request(msgspec.Struct, omit_defaults=True, gc=False):
     tokens: int | None = None
     priority: int | None = None
     deadline_ms: float | None = None
+    cancel: bool = False            # {"id": ID, "cancel": true}: withdraw request ID sent on this connection
 
 
 def estimate_tokens(request: Request) -> int:

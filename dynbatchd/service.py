@@ -12,7 +12,6 @@ reply.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import os
 import shutil
@@ -21,14 +20,13 @@ import tempfile
 import time
 from typing import Any, Callable
 
-import msgspec
 import zmq
 
 from dynbatchd import __version__, protocol as P, systemd
 from dynbatchd.cache import ResultCache
 from dynbatchd.config import Config
 from dynbatchd.control.server import ControlServer
-from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, freeze
+from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, fingerprint, freeze
 from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, detect_devices
 from dynbatchd.engine import OK, Engine, Job
@@ -44,19 +42,6 @@ log = logging.getLogger("dynbatchd")
 
 class StartupError(Exception):
     """The daemon cannot start (an address in use...): one line for the operator, exit status 1."""
-
-
-def fingerprint(pending: Pending) -> bytes:
-    """Identity of a request's input (for the poison quarantine); computed only when needed."""
-    request = pending.request
-    h = hashlib.blake2b(request.model.encode(), digest_size=16)
-    if request.text is not None:
-        h.update(b"t" + request.text.encode())
-    elif request.tensor is not None:
-        h.update(b"a" + msgspec.msgpack.encode(request.tensor) + bytes(pending.frames[request.tensor.frame]))
-    else:
-        h.update(b"v" + msgspec.msgpack.encode(request.value))
-    return h.digest()
 
 
 class Daemon(Operations):
@@ -82,6 +67,7 @@ class Daemon(Operations):
         self.front: FrontEnd | None = None
         self.pool: DevicePool | None = None
         self.control: ControlServer | None = None
+        self._queued: dict[tuple[bytes, Any], Job] = {}   # (client identity, request id) -> job, for cancel
 
     # -- lifecycle ----------------------------------------------------------
     async def run(self) -> int:
@@ -205,6 +191,10 @@ class Daemon(Operations):
     # -- admission ----------------------------------------------------------
     def on_request(self, envelope: list[bytes], request: P.Request, frames: list[bytes]) -> None:
         front, config = self.front, self.config
+        if request.cancel:   # no reply of its own: the request it names is answered, once
+            job = self._queued.get((envelope[0], request.id))
+            self._send([answer] if job and (answer := self.engine.cancel(job, self.clock())) else ())
+            return
         if self.state not in ("serving", "unavailable"):
             front.reject(envelope, request.id, P.SHUTTING_DOWN, "daemon is shutting down")
             return
@@ -228,6 +218,7 @@ class Daemon(Operations):
         if answer is not None:
             self._send((answer,))
         else:
+            self._queued[(envelope[0], request.id)] = job
             self._schedule_pump()
 
     def _send(self, answers) -> None:
@@ -237,6 +228,7 @@ class Daemon(Operations):
             envelope, request, _ = answer.payload
             if envelope is None or reply is None:
                 continue
+            self._queued.pop((envelope[0], request.id), None)
             if answer.code != OK:
                 self.front.reject(envelope, request.id, answer.code, answer.message)
                 continue

@@ -129,6 +129,7 @@ class ChannelStats:
     wait_ns: int = 0          # queue wait summed over dispatched requests
     compute_ns: int = 0       # batch compute time summed over dispatched requests
     cache_hits: int = 0       # answered from the result cache: no latency, no batch
+    cancelled: int = 0        # withdrawn by their client while queued
     warmup_batches: int = 0   # warmup work, kept out of fill and latency
     warmup_items: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)   # live batches by size
@@ -138,7 +139,7 @@ class ChannelStats:
         return self.completed - self.late + self.cache_hits
 
     def offered(self) -> int:
-        """Requests answered so far, but the refused (a policy's verdict, not the daemon's performance)."""
+        """Requests answered so far, but the refused (a policy's verdict) and the cancelled (the client's)."""
         return self.completed + self.cache_hits + self.expired + self.failed + self.overloaded
 
     def on_time_fraction(self) -> float:
@@ -165,6 +166,7 @@ class ChannelStats:
             "offered": self.offered(),
             "scheduling_efficiency": scheduling_efficiency(self.compute_ns, self.wait_ns),
             "cache_hits": self.cache_hits,
+            "cancelled": self.cancelled,
             "batch_sizes": dict(self.batch_sizes), "compute_s": self.compute_ns / 1e9, "wait_s": self.wait_ns / 1e9,
             "fill_sum": self.fill_sum, "batched_items": self.batched_items,
             "warmup": {"batches": self.warmup_batches, "items": self.warmup_items},

@@ -410,6 +410,10 @@ def validate(request: P.Request, frames: list[bytes]) -> str | None:
     """Why `request` cannot be served, or None. Checks shape only; the model checks content."""
     if request.v != P.PROTOCOL_VERSION:
         return f"protocol version {request.v} is not supported (this daemon speaks {P.PROTOCOL_VERSION})"
+    if request.cancel:
+        return None   # only the id matters
+    if not request.model:
+        return "a request needs a model"
     given = (request.text is not None) + (request.tensor is not None) + (request.value is not None)
     if given != 1:
         return "a request needs exactly one input: text, tensor or value"

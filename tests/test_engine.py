@@ -300,3 +300,21 @@ def test_a_queued_batch_is_timed_from_when_the_batch_ahead_ended_not_from_when_i
     clients.take(e.completed(0, first.batch.id, ok_outcome(first.batch, 10 * MS), 15 * MS))   # ends late
     assert e._views()[0].free_at_ns == 25 * MS  # the queued one started at 15 ms
     assert e.overdue(30 * MS, 14 * MS) == [0] and e.overdue(30 * MS, 16 * MS) == []   # hung counts from its start
+
+
+def test_a_cancelled_request_leaves_the_queue_answered_once_and_a_running_one_runs_on():
+    e, clients = engine(max_batch=1, inflight=1), Clients()
+    jobs = [job(i) for i in range(3)]
+    for j in jobs:
+        e.submit(j, 0)
+    [running], _ = e.step(0)                        # job 0 runs; 1 and 2 wait
+    answer = e.cancel(jobs[2], MS)
+    assert answer.code == P.CANCELLED and answer.payload == 2
+    clients.take([answer])
+    assert e.cancel(jobs[2], MS) is None            # a second cancel answers nothing more
+    assert e.cancel(jobs[0], MS) is None            # running: answered when its batch ends
+    run_all_after = e.completed(0, running.batch.id, ok_outcome(running.batch), 2 * MS)
+    clients.take(run_all_after)
+    run_all(e, clients, 3 * MS)
+    assert clients.codes() == {0: OK, 1: OK, 2: P.CANCELLED}
+    assert e.snapshot(3 * MS)["channels"]["c"]["cancelled"] == 1

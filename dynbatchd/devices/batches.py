@@ -8,7 +8,10 @@ without copying.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, NamedTuple
+
+import msgspec
 
 from dynbatchd import protocol as P
 from dynbatchd.engine import Outcome
@@ -21,6 +24,19 @@ class Pending(NamedTuple):
     envelope: list[bytes] | None
     request: P.Request
     frames: list[bytes] | tuple = ()
+
+
+def fingerprint(pending: Pending) -> bytes:
+    """Identity of a request's input (for the poison quarantine); computed only when needed."""
+    request = pending.request
+    h = hashlib.blake2b(request.model.encode(), digest_size=16)
+    if request.text is not None:
+        h.update(b"t" + request.text.encode())
+    elif request.tensor is not None:
+        h.update(b"a" + msgspec.msgpack.encode(request.tensor) + bytes(pending.frames[request.tensor.frame]))
+    else:
+        h.update(b"v" + msgspec.msgpack.encode(request.value))
+    return h.digest()
 
 
 def encode_batch(batch: Batch) -> list[Any]:

@@ -215,6 +215,15 @@ class Channel:
         self.window.on_arrival(now_ns, item.tokens)
         return True
 
+    def withdraw(self, item: Item) -> None:
+        """Take a queued `item` out (its client cancelled it)."""
+        lane = self.lane_for(item)
+        lane.take([item])
+        lane.prune()
+        self.depth -= 1
+        if not lane.heap:
+            self._forget_empty()
+
     def requeue(self, item: Item) -> None:
         """Put back an item that was dispatched but not run (its worker died); bypasses the bound."""
         self.lane_for(item).push(item)
