@@ -26,7 +26,7 @@ from typing import Any, Callable, Hashable, Iterable
 
 from dynbatchd import protocol as P
 from dynbatchd.scheduler import Batch, Channel, Item, Scheduler
-from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_opening_ns, open_devices, open_slots
+from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_opening_ns, open_slots, pick_device
 from dynbatchd.telemetry import DeviceStats
 
 OK = "ok"
@@ -243,17 +243,16 @@ class Engine:
         alone: if it kills that one too, it is certainly the cause."""
         exclusive = any(item.retries for item in batch.items)
         choose = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0) for v in views] if exclusive else views
-        candidates = open_devices(choose, now_ns, self.inflight, self.lead_ns)
-        if not candidates:
+        index = pick_device(choose, now_ns, self.inflight, self.lead_ns, lambda i: self._estimate(batch, i))
+        if index is None:
             return None
-        ends = {i: (max(views[i].free_at_ns, now_ns) if views[i].held else now_ns) + self._estimate(batch, i)
-                for i in candidates}
-        index = min(candidates, key=lambda i: (ends[i], views[i].held))
+        view = views[index]
+        end = (max(view.free_at_ns, now_ns) if view.held else now_ns) + self._estimate(batch, index)
         device = self.devices[index]
         device.held[batch.id] = (batch, now_ns)
         device.exclusive = exclusive
         device.stats.inflight = len(device.held)
-        views[index] = DeviceView(views[index].held + 1, ends[index], views[index].usable and not exclusive)
+        views[index] = DeviceView(view.held + 1, end, view.usable and not exclusive)
         return index
 
     def next_wakeup(self) -> int | None:

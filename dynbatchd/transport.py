@@ -335,7 +335,7 @@ def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     return frames[:1], frames[1:]
 
 
-MAX_DEADLINE_MS = 86_400_000.0
+MAX_DEADLINE_MS = cfgmod.MAX_MS   # one day: the config's bound on every duration
 RequestHandler = Callable[[list[bytes], P.Request, list[bytes]], None]
 
 

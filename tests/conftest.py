@@ -34,8 +34,8 @@ def free_port() -> int:
 
 
 def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_extra: str = "",
-                 devices_extra: str = "") -> RunningDaemon:
-    """Write a config (endpoints in `tmp`) plus `body`, start dynbatchd, wait until it serves."""
+                 devices_extra: str = "", devices: tuple[str, ...] = ("cpu",), cpu_threads: int = 2) -> RunningDaemon:
+    """Write a config (endpoints in `tmp`, workers on `devices`) plus `body`, start dynbatchd, wait until it serves."""
     endpoint, control = f"ipc://{tmp}/req.sock", f"ipc://{tmp}/ctl.sock"
     config = textwrap.dedent(f"""
         [daemon]
@@ -44,8 +44,8 @@ def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_ext
         drain_timeout_s = 20
         {daemon_extra}
         [devices]
-        use = ["cpu"]
-        cpu_threads = 2
+        use = {list(devices)!r}
+        cpu_threads = {cpu_threads}
         {devices_extra}
     """) + textwrap.dedent(body)
     daemon = Daemon(Path(tmp) / "dynbatchd.toml", endpoint, control, config_text=config,

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import textwrap
 
 import msgspec
 import zmq
 
-from conftest import REPO, TESTS, Daemon
+from conftest import start_daemon
 
 from dynbatchd import protocol as P
 from dynbatchd.client import AsyncClient, Timeout
@@ -27,17 +26,7 @@ SLOW = """
 
 
 def start(tmp_path):
-    endpoint, control = f"ipc://{tmp_path}/req.sock", f"ipc://{tmp_path}/ctl.sock"
-    config = textwrap.dedent(f"""
-        [daemon]
-        listen = "{endpoint}"
-        control = "{control}"
-        [devices]
-        use = ["cpu"]
-        inflight = 1
-    """) + textwrap.dedent(SLOW)
-    return Daemon(tmp_path / "dynbatchd.toml", endpoint, control, config_text=config,
-                  log=tmp_path / "daemon.log", pythonpath=[TESTS, REPO]).start(180)
+    return start_daemon(tmp_path, SLOW, devices_extra="inflight = 1")
 
 
 def test_cancel_answers_a_queued_request_cancelled_and_lets_the_running_one_finish(tmp_path):

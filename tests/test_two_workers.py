@@ -2,26 +2,14 @@
 
 from __future__ import annotations
 
-import textwrap
-
-from conftest import REPO, SIMULATED, TESTS, Daemon
+from conftest import SIMULATED, start_daemon
 
 from dynbatchd.client import Client
 
 
 def test_two_cpu_workers_are_named_apart_and_both_take_work(tmp_path):
-    endpoint, control = f"ipc://{tmp_path}/req.sock", f"ipc://{tmp_path}/ctl.sock"
-    config = textwrap.dedent(f"""
-        [daemon]
-        listen = "{endpoint}"
-        control = "{control}"
-        [devices]
-        use = ["cpu", "cpu"]
-        cpu_threads = 1
-        inflight = 1
-    """) + textwrap.dedent(SIMULATED).replace("base_ms = 2.0", "base_ms = 20.0")   # one device alone would queue
-    daemon = Daemon(tmp_path / "dynbatchd.toml", endpoint, control, config_text=config,
-                    log=tmp_path / "daemon.log", pythonpath=[TESTS, REPO]).start(180)
+    slow = SIMULATED.replace("base_ms = 2.0", "base_ms = 20.0")   # one device alone would queue
+    daemon = start_daemon(tmp_path, slow, devices=("cpu", "cpu"), cpu_threads=1, devices_extra="inflight = 1")
     try:
         with Client(daemon.endpoint) as client:
             futures = [client.submit("sim", f"r{i}", deadline_ms=60_000) for i in range(400)]

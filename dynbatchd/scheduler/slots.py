@@ -61,19 +61,17 @@ def next_opening_ns(devices: Sequence[DeviceView], now_ns: int, inflight: int, l
     return min(times) if times else None
 
 
-def open_devices(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_ns: int) -> list[int]:
-    """Indexes of the devices that may take a new batch now."""
-    return [i for i, d in enumerate(devices)
-            if d.usable and d.held < inflight and _opens_at(d, now_ns, lead_ns) <= now_ns]
-
-
-def pick_device(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_ns: int) -> int | None:
-    """Index of the open device that can start a new batch soonest (fewest held on a tie)."""
+def pick_device(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_ns: int,
+                run_ns: Callable[[int], int] | None = None) -> int | None:
+    """Index of the open device on which a new batch would finish soonest (fewest held on a tie):
+    it starts when the device's work ends, then runs `run_ns(index)` there (default 0: the
+    device that can start it soonest)."""
     best, best_key = None, None
     for i, d in enumerate(devices):
         if not d.usable or d.held >= inflight or _opens_at(d, now_ns, lead_ns) > now_ns:
             continue
-        key = (max(d.free_at_ns, now_ns) if d.held else now_ns, d.held)
+        start = max(d.free_at_ns, now_ns) if d.held else now_ns
+        key = (start + (run_ns(i) if run_ns else 0), d.held)
         if best_key is None or key < best_key:
             best, best_key = i, key
     return best
