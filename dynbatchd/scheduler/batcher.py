@@ -51,7 +51,6 @@ class Scheduler:
         self._next_batch_id = 0
         self._recent = {name: 0.0 for name in channels}  # device time dispatched, decayed per batch
 
-    TRUSTED_AFTER = 20   # batches timed before the cost model may refuse a request (a young fit can be far off)
     SHARE_MEMORY = 0.99  # each batch, older dispatches count 1% less: shares follow the last ~100 batches
 
     def _count_share(self, name: str, device_ns: float) -> None:
@@ -67,11 +66,11 @@ class Scheduler:
 
         The predicted wait is the device time the work queued ahead of it needs, spread over
         the `devices` that serve: its own channel's and that of every channel of higher
-        priority. No prediction while a device is `idle` or before TRUSTED_AFTER batches were timed.
+        priority. No prediction while a device is `idle` or before the cost model has settled (`CostModel.settled`).
         """
         channel = self.channels[item.channel]
         wait = None
-        if not idle and channel.depth >= channel.sizer.max_batch() and channel.cost.samples >= self.TRUSTED_AFTER \
+        if not idle and channel.depth >= channel.sizer.max_batch() and channel.cost.settled \
                 and not channel.long_share.is_long(item.tokens):   # (less than a batch queued: nothing to predict)
             # (A long request is never judged on the short ones a backlog serves first: its
             # floor of device time, `LongShare`, serves it; if not in time, it expires.)

@@ -211,7 +211,7 @@ class Channel:
         self._arrivals_at = now_ns
         self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
         _, per_item, per_token = self.cost.coefficients()
-        if per_token > 0 or self.cost.samples < 20:   # once tokens are known to cost nothing, no ledger
+        if per_token > 0 or not self.cost.settled:   # once tokens are known to cost nothing, no ledger
             self.long_share.arrived(item.tokens, per_item + per_token * item.tokens)
         self.window.on_arrival(now_ns, item.tokens)
         return True

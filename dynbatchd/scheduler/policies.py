@@ -121,6 +121,12 @@ class CostModel:
         self.samples += 1
         self._coef = self._fit()
 
+    SETTLED_AFTER = 20   # batches timed before the fit is trusted to refuse work (a young fit can be far off)
+
+    @property
+    def settled(self) -> bool:
+        return self.samples >= self.SETTLED_AFTER
+
     def coefficients(self) -> tuple[float, float, float]:
         """(base_ns, per_item_ns, per_token_ns), never negative."""
         return self._coef

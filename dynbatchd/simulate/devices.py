@@ -28,10 +28,6 @@ class DeviceModel:
     oom_ms: float = 0.0        # device time a failed (OOM) attempt wastes
 
     @classmethod
-    def option_names(cls) -> set[str]:
-        return {f.name for f in fields(cls)}
-
-    @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> "DeviceModel":
         """The options of ``[models.X] runner = "simulated"`` (unknown ones are the config's to refuse)."""
         kw = {f.name: f.type for f in fields(cls)}
