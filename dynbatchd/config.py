@@ -31,6 +31,8 @@ CONTROL_SOCKET = "control.sock"
 SYSTEM_RUNTIME_DIR = "/run/dynbatchd"
 # Where the daemon's CURVE keys live: server.key_secret, server.key and clients/*.key.
 DEFAULT_KEYS_DIR = "/etc/dynbatchd/keys"
+# The state directory systemd makes for dynbatchd.service (StateDirectory=dynbatchd).
+SYSTEM_STATE_DIR = "/var/lib/dynbatchd"
 # Searched in this order after --config and $DYNBATCHD_CONFIG (see `find_config`).
 DEFAULT_CONFIG_PATHS = ("etc/dynbatchd.toml", "/etc/dynbatchd/dynbatchd.toml")
 
@@ -96,6 +98,32 @@ def default_control(env: dict[str, str] | None = None) -> str:
     return f"ipc://{runtime_dir(env) / CONTROL_SOCKET}"
 
 
+def default_state_dir(env: dict[str, str] | None = None) -> str:
+    """The default ``[daemon] state_dir``: where the daemon and dynbatchctl keep what outlives a
+    run (the tuning database, the top-users sketch, promoted settings, the audit log).
+
+    1. ``$STATE_DIRECTORY`` (the first of its paths): systemd sets it for the service
+       (StateDirectory=dynbatchd, so ``/var/lib/dynbatchd``);
+    2. ``/var/lib/dynbatchd`` where it exists and this user may write it: an operator's
+       dynbatchctl (or a timer's) beside the system service;
+    3. ``./var`` under the working directory, e.g. for a daemon run from a checkout.
+    """
+    env = os.environ if env is None else env
+    systemd_dir = env.get("STATE_DIRECTORY", "").split(":")[0]
+    if systemd_dir:
+        return systemd_dir
+    if os.path.isdir(SYSTEM_STATE_DIR) and os.access(SYSTEM_STATE_DIR, os.W_OK):
+        return SYSTEM_STATE_DIR
+    return str(Path.cwd() / "var")
+
+
+def state_path(settings: "DaemonSettings", name: str) -> Path:
+    """The file ``name`` in the state directory, which is created (mode 0750) if missing."""
+    directory = Path(settings.state_dir)
+    directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+    return directory / name
+
+
 class UnsafeDirectory(OSError):
     """A directory the control socket must not go into; `strerror` says why, in one line."""
 
@@ -125,6 +153,7 @@ class DaemonSettings(Frozen, kw_only=True):
     control: str = msgspec.field(default_factory=default_control)
     curve: bool = False
     keys_dir: str = DEFAULT_KEYS_DIR
+    state_dir: str = msgspec.field(default_factory=default_state_dir)
     metrics_listen: str = ""
     max_request_bytes: Annotated[int, Meta(ge=1, le=1 << 30)] = 1 << 20
     drain_timeout_s: Seconds = 30.0
