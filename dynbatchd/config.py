@@ -219,7 +219,18 @@ class ComplianceSettings(Frozen, kw_only=True):
 
 class CacheSettings(Frozen, kw_only=True):
     entries: Annotated[int, Meta(ge=0, le=MAX_QUEUE * 16)] = 0
+    max_bytes: Annotated[int, Meta(ge=0, le=1 << 44)] = 0   # 0: bounded in entries only
+    policy: str = "lifecycle"
+    refresh_types: list[str] = msgspec.field(default_factory=lambda: ["session_refresh"])
+    rare_users: list[str] = msgspec.field(default_factory=lambda: ["rare"])
     warmup_channel: str = ""
+
+
+class TopUsersSettings(Frozen, kw_only=True):
+    """The top-users sketch (`dynbatchd.topusers`): how many users and inputs it keeps, how often it is saved."""
+    users: Annotated[int, Meta(ge=0, le=10_000_000)] = 50_000   # 0: nothing observed, nothing saved
+    inputs_per_user: Annotated[int, Meta(ge=1, le=1024)] = 4
+    save_every_s: Annotated[float, Meta(ge=1, le=86_400 * 7)] = 300.0
 
 
 class Config(Frozen, kw_only=True):
@@ -230,6 +241,7 @@ class Config(Frozen, kw_only=True):
     routing: RoutingSettings = RoutingSettings()
     compliance: ComplianceSettings = ComplianceSettings()
     cache: CacheSettings = CacheSettings()
+    top_users: TopUsersSettings = TopUsersSettings()
     plugins: dict[str, dict[str, Any]] = {}
     source: str = "<memory>"
 

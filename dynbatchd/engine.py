@@ -46,6 +46,7 @@ class Job:
     payload: Any = None
     tenant: str | None = None
     cache_key: Hashable | None = None   # None: never served from or stored in the cache
+    cache_rule: Any = None              # the cache policy's CacheRule; None: looked up, stored by frequency
     warmup: bool = False                # nobody waits for it; its result only fills the cache
     item: Item | None = None            # the scheduler's entry, once queued (for cancel)
 
@@ -128,7 +129,8 @@ class Engine:
             return Answer(job.payload, P.SHUTTING_DOWN, "daemon is shutting down")
         if self.devices[0].gone and all(d.gone for d in self.devices):
             return Answer(job.payload, P.UNAVAILABLE, "no device is left to run this model; see the daemon's log")
-        if job.cache_key is not None and self.cache is not None and not channel.settings.isolated:
+        if (job.cache_key is not None and self.cache is not None and not channel.settings.isolated
+                and (job.cache_rule is None or job.cache_rule.lookup)):
             hit = self.cache.get(job.cache_key)
             if hit is not None:
                 channel.stats.cache_hits += 1
@@ -317,7 +319,8 @@ class Engine:
             job: Job = item.payload
             output = outcome.outputs[i] if outcome.outputs is not None else None
             if self.cache is not None and job.cache_key is not None and not isolated:
-                self.cache.put(job.cache_key, self.freeze(output))
+                self.cache.put(job.cache_key, self.freeze(output),
+                               "always" if job.warmup else job.cache_rule.store if job.cache_rule else "filter")
             if job.warmup:
                 continue
             total_us = (now_ns - item.arrival_ns) // 1000   # queue: all of it but compute (hand-over included)

@@ -43,9 +43,20 @@ class Violation:
 
 @dataclass(slots=True)
 class WarmupJob:
-    """Text inputs a warmup plugin wants precomputed for `model`, most valuable first (they run in this order)."""
+    """Text inputs a warmup plugin wants precomputed for `model`, most valuable first (they run in this order).
+    `tenant`: whose inputs they are (cached for that tenant's requests only); None for requests without one."""
     model: str
     inputs: list[str] = field(default_factory=list)
+    tenant: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheRule:
+    """What the result cache does with one request: `lookup` (may it be answered from the cache)
+    and `store`, how its result is kept: "filter" (only if asked more often than what it would
+    replace), "always" (the least recently used goes), "again" (only if asked before), "never"."""
+    lookup: bool = True
+    store: str = "filter"
 
 
 # ---------------------------------------------------------------------------
@@ -121,22 +132,45 @@ def dynbatchd_admit(request: RequestInfo, channel: str, config: Config) -> str |
 # ---------------------------------------------------------------------------
 
 @hookspec
-def dynbatchd_warmup(model: str, top_users: int, config: Config) -> WarmupJob | None:
+def dynbatchd_warmup(model: str, top_users: int, config: Config) -> WarmupJob | list[WarmupJob] | None:
     """Name inputs to precompute into the result cache before traffic needs them.
 
     Called by the control command ``warmup`` (``dynbatchctl warmup``, typically
     from a nightly timer or cron, off-peak), once per model: the one it names,
-    else every configured model. Return a `WarmupJob` or None; every plugin's
-    job is used. Only with the result cache on (``[cache] entries > 0``).
+    else every configured model. Return a `WarmupJob`, a list of them (one
+    per tenant, say) or None; every plugin's jobs are used. Only with the result cache on (``[cache] entries > 0``).
 
     The daemon skips inputs already cached and keeps the rest in a backlog,
     from which each scheduling pass tops up the warmup channel
     (``[cache] warmup_channel``, else ``[routing] default``) to half its
     ``queue_limit``; so warmup never fills a channel and refuses live traffic.
     They run like requests of that channel, in its batches, and their results
-    only fill the cache. They carry no tenant, so they are cached under the
-    key (model, no tenant, text) and serve only requests without a tenant;
-    an isolated warmup channel caches nothing. A stop drops the backlog.
+    only fill the cache, always admitted (warmup inputs are frequent by
+    choice). They are cached under (model, the job's tenant, text), so they
+    serve only that tenant's requests (None: requests without a tenant); an
+    isolated warmup channel caches nothing. A stop drops the backlog.
+
+    The built-in plugin (``dynbatchd_plugins.warmup``) names the inputs the
+    daemon itself observed (its top-users sketch, see `dynbatchd.topusers`),
+    or those of a JSON-lines file when ``[plugins.warmup] source`` is set.
+    """
+
+
+# ---------------------------------------------------------------------------
+# result cache
+# ---------------------------------------------------------------------------
+
+@hookspec
+def dynbatchd_cache_policies() -> dict[str, Any]:
+    """Register result-cache policies by name.
+
+    Return ``{name: factory}``; ``factory(settings)`` gets the ``[cache]``
+    settings and returns a function from a `RequestInfo` to a `CacheRule`,
+    which the daemon (and the simulator) calls once per request that has a
+    text input and is not routed to an isolated channel (those are never
+    cached). ``[cache] policy`` selects one (default ``lifecycle``: request
+    type and user frequency steer it; ``lru``: every result kept, least
+    recently used out). Called once at start; merged like window policies.
     """
 
 

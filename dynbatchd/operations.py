@@ -29,19 +29,36 @@ log = logging.getLogger("dynbatchd")
 
 class Operations:
     # -- warmup -------------------------------------------------------------
-    def warmup(self, model: str | None, top_users: int) -> dict[str, int]:
-        """Queue the inputs the warmup plugins name; they run in the warmup channel as it has room."""
+    def warmup(self, model: str | None, top_users: int) -> dict[str, Any]:
+        """Queue the inputs the warmup plugins name; they run in the warmup channel as it has room.
+        With nothing to queue, "reason" says why."""
         channel = self.config.cache.warmup_channel or self.config.routing.default
+        self.save_top_users()   # the built-in plugin reads what was observed up to now
         queued = cached = 0
         for m in [model] if model else list(self.config.models):
             for spec in self.plugins.warmup_jobs(m, top_users, self.config):
-                jobs = (Job(spec.model, channel, P.estimate_tokens(r), 0, Pending(None, r), None,
-                            (spec.model, None, text))
-                        for text in spec.inputs for r in (P.Request(0, spec.model, text=text),))
+                jobs = (Job(spec.model, channel, P.estimate_tokens(r), 0, Pending(None, r), spec.tenant,
+                            (spec.model, spec.tenant, text))
+                        for text in spec.inputs for r in (P.Request(0, spec.model, text=text, tenant=spec.tenant),))
                 q, c = self.engine.add_warmup(jobs, channel)
                 queued, cached = queued + q, cached + c
         self._schedule_pump()
-        return {"queued": queued, "already_cached": cached, "backlog": len(self.engine.warmup_backlog)}
+        answer: dict[str, Any] = {"queued": queued, "already_cached": cached,
+                                  "backlog": len(self.engine.warmup_backlog), "channel": channel}
+        if not queued and not cached:
+            answer["reason"] = self._nothing_to_warm()
+        return answer
+
+    def _nothing_to_warm(self) -> str:
+        source = self.config.plugins.get("warmup", {}).get("source")
+        if source:
+            return f"the warmup source {source} named no input (missing, empty or malformed: see the daemon's log)"
+        if self.top_users is None:
+            return "the daemon observes no users ([top_users] users = 0) and [plugins.warmup] source is not set"
+        if not len(self.top_users):
+            return ("the daemon has observed no request with a user and a text input yet "
+                    f"({self.top_users.observed} counted); clients set the request's \"user\" field")
+        return "no warmup plugin named an input of these models for the top users"
 
     # -- control ------------------------------------------------------------
     def status(self) -> dict[str, Any]:

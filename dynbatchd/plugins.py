@@ -134,7 +134,10 @@ class Plugins:
         return found
 
     def warmup_jobs(self, model: str, top_users: int, config: Any) -> list[WarmupJob]:
-        return [j for j in self.pm.hook.dynbatchd_warmup(model=model, top_users=top_users, config=config) if j]
+        jobs: list[WarmupJob] = []
+        for answer in self.pm.hook.dynbatchd_warmup(model=model, top_users=top_users, config=config):
+            jobs.extend(answer if isinstance(answer, list) else [answer] if answer else [])
+        return jobs
 
     def _registry(self, hook: Any, what: str) -> dict[str, Any]:
         merged: dict[str, Any] = {}
@@ -153,3 +156,6 @@ class Plugins:
 
     def runners(self) -> dict[str, Any]:
         return self._registry(self.pm.hook.dynbatchd_runners, "runner")
+
+    def cache_policies(self) -> dict[str, Any]:
+        return self._registry(self.pm.hook.dynbatchd_cache_policies, "cache policy")

@@ -24,7 +24,7 @@ import zmq
 
 from dynbatchd import __version__, protocol as P, systemd
 from dynbatchd.cache import ResultCache
-from dynbatchd.config import Config
+from dynbatchd.config import Config, state_path
 from dynbatchd.control.server import ControlServer
 from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, fingerprint, freeze
 from dynbatchd.devices.observer import observe_devices
@@ -35,6 +35,7 @@ from dynbatchd.metrics import serve as serve_metrics
 from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import build_channels
+from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE, TopUsers
 from dynbatchd.transport import FrontEnd
 
 log = logging.getLogger("dynbatchd")
@@ -53,7 +54,11 @@ class Daemon(Operations):
         self.clock = clock
         self.started_ns = clock()
         self.state = "starting"
-        self.cache = ResultCache(config.cache.entries) if config.cache.entries else None
+        self.cache = ResultCache(config.cache.entries, config.cache.max_bytes) if config.cache.entries else None
+        self.cache_rule = plugins.cache_policies()[config.cache.policy](config.cache) if self.cache else None
+        self.top_users = (TopUsers.load(self.top_users_path(), config.top_users.users,
+                                        config.top_users.inputs_per_user) if config.top_users.users else None)
+        self._top_users_saved = self.top_users.observed if self.top_users else 0
         self.devices = detect_devices(config.devices.use)
         channels = build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
@@ -147,9 +152,33 @@ class Daemon(Operations):
         self.state = "serving"
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.daemon.listen}\nMAINPID={os.getpid()}")
         log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
+        saver = asyncio.ensure_future(self._save_top_users_periodically())
         await self._stop.wait()
         observer.cancel()
+        saver.cancel()
         await self._drain()
+        self.save_top_users()
+
+    # -- the top-users sketch ---------------------------------------------------
+    def top_users_path(self):
+        return state_path(self.config.daemon, TOP_USERS_FILE)
+
+    def save_top_users(self) -> None:
+        """Write the top-users sketch to the state directory, if it counted anything since the
+        last save (a daemon that sees no users writes nothing)."""
+        sketch = self.top_users
+        if sketch is None or sketch.observed == self._top_users_saved:
+            return
+        try:
+            sketch.save(self.top_users_path())
+            self._top_users_saved = sketch.observed
+        except OSError as exc:
+            log.error("could not save the top-users sketch in %s: %s", self.config.daemon.state_dir, exc.strerror)
+
+    async def _save_top_users_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.top_users.save_every_s)
+            self.save_top_users()
 
     def request_stop(self) -> None:
         """First SIGTERM drains (answer what was accepted), a second one stops at once."""
@@ -211,9 +240,15 @@ class Daemon(Operations):
                 self.engine.refused(channel)
                 front.reject(envelope, request.id, P.REFUSED, reason)
                 return
-        cache_key = (request.model, request.tenant, request.text) if request.text is not None else None
+        cache_key = rule = None
+        if request.text is not None:
+            cache_key = (request.model, request.tenant, request.text)
+            if self.cache_rule is not None:
+                rule = self.cache_rule(info)
+            if request.user is not None and self.top_users is not None and not config.channels[channel].isolated:
+                self.top_users.observe(request.tenant, request.user, request.model, request.text)
         job = Job(request.model, channel, tokens, request.deadline_ms or config.channels[channel].deadline_ms,
-                  Pending(envelope, request, frames), request.tenant, cache_key)
+                  Pending(envelope, request, frames), request.tenant, cache_key, rule)
         answer = self.engine.submit(job, self.clock())
         if answer is not None:
             self._send((answer,))

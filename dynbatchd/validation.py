@@ -35,6 +35,10 @@ def validate_config(config: Config, plugins: Plugins) -> None:
         if not (sep and key.startswith("channels.")):
             key, rule = "channels", f"policy options rejected: {exc}"
         raise ConfigError(config.source, key, rule) from None
+    policies = plugins.cache_policies()
+    if config.cache.policy not in policies:
+        raise ConfigError(config.source, "cache.policy",
+                          f"unknown cache policy {config.cache.policy!r} (known: {', '.join(sorted(policies))})")
     violations = plugins.check_config(config)
     if violations:
         v = violations[0]

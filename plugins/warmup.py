@@ -1,10 +1,14 @@
-"""Warmup from a usage file: the top users' inputs, most active users first.
+"""Warmup inputs: what the daemon observed (the default), or a usage file.
 
-Configured as ``[plugins.warmup] source = "/var/lib/dynbatchd/top_users.jsonl"``:
-one JSON object per line, ``{"user": "...", "requests": N, "text": "..."}``
-(a user may have several lines, one per input). Produced by whatever knows
-the users (a nightly job over the request log, say); dynbatchd itself never
-logs payloads, so it cannot build this file on its own.
+By default the inputs are those of the most active users as the daemon itself
+counted them (`dynbatchd.topusers`, saved in ``[daemon] state_dir`` as
+``top-users.msgpack``; the daemon saves it just before asking this plugin), so
+nobody has to prepare anything.
+
+With ``[plugins.warmup] source = "/var/lib/dynbatchd/top_users.jsonl"`` they
+come from that file instead: one JSON object per line, ``{"user": "...",
+"requests": N, "text": "..."}`` (a user may have several lines, one per
+input), produced by whatever else knows the users.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import logging
 from collections import defaultdict
 from pathlib import Path
 
+from dynbatchd import topusers
+from dynbatchd.config import state_path
 from dynbatchd.hookspecs import WarmupJob, hookimpl
 
 log = logging.getLogger(__name__)
@@ -39,11 +45,22 @@ def top_user_inputs(path: Path, top_users: int) -> list[str]:
     return [text for user in ranked for text in inputs[user]]
 
 
+def observed_jobs(path: Path, model: str, top_users: int) -> list[WarmupJob]:
+    """The inputs of `model` that the `top_users` most active users sent, one job per tenant,
+    most active users first."""
+    by_tenant: dict[str | None, WarmupJob] = {}
+    for tenant, _, _, inputs in topusers.TopUsers.load(path).top(top_users):
+        texts = [text for m, text in inputs if m == model]
+        if texts:
+            by_tenant.setdefault(tenant, WarmupJob(model, tenant=tenant)).inputs.extend(texts)
+    return list(by_tenant.values())
+
+
 @hookimpl
-def dynbatchd_warmup(model: str, top_users: int, config) -> WarmupJob | None:
+def dynbatchd_warmup(model: str, top_users: int, config) -> list[WarmupJob] | WarmupJob | None:
     source = config.plugins.get("warmup", {}).get("source")
     if not source:
-        return None
+        return observed_jobs(state_path(config.daemon, topusers.FILE_NAME), model, top_users)
     path = Path(source)
     if not path.is_file():
         log.warning("warmup source %s does not exist", path)

@@ -56,7 +56,7 @@ def test_warmup_fills_the_cache_and_requests_are_served_from_it(tmp_path):
     """)
     try:
         queued = daemon.call("warmup", top_users=3)
-        assert queued == {"queued": 3, "already_cached": 0, "backlog": 3}
+        assert queued == {"queued": 3, "already_cached": 0, "backlog": 3, "channel": "bulk"}
         wait_until(lambda: daemon.status()["cache"]["entries"] >= 3, 30, message="warmup did not finish")
         bulk = daemon.status()["channels"]["bulk"]
         assert bulk["warmup"]["batches"] >= 1 and bulk["warmup"]["items"] == 3   # it ran in the warmup channel

@@ -1,0 +1,45 @@
+"""`dynbatchctl warmup`: ask the daemon to precompute its top users' inputs, and follow it.
+
+The daemon only queues the inputs and answers at once; they run through its
+warmup channel a little at a time. With ``--wait`` this shows how many have
+run (a rich progress bar, or one line per second when the output is not a
+terminal) until the backlog is empty; without it, it returns at once, as the
+nightly timer wants.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+Call = Callable[..., Any]
+
+
+def warmed(status: dict[str, Any], channel: str) -> int:
+    """Warmup inputs the channel has run so far (its counter since the daemon started)."""
+    return status["channels"].get(channel, {}).get("warmup", {}).get("items", 0)
+
+
+def follow(call: Call, channel: str, queued: int, before: int, out: Console, *, poll_s: float = 0.5,
+           timeout_s: float = 3600.0) -> int:
+    """Poll the daemon until `queued` warmup inputs have run in `channel` (or the backlog is gone
+    and nothing moves any more); the number that ran."""
+    done, deadline = 0, time.monotonic() + timeout_s
+    columns = (TextColumn("warming"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=out, transient=False, disable=not out.is_terminal) as bar:
+        task = bar.add_task("warmup", total=queued)
+        while done < queued and time.monotonic() < deadline:
+            status = call("status")
+            done = min(queued, warmed(status, channel) - before)
+            bar.update(task, completed=done)
+            if not out.is_terminal:
+                out.print(f"warmed {done}/{queued}", highlight=False)
+            cache = status.get("cache") or {}
+            if done < queued and not cache.get("warmup_backlog") and status["daemon"]["state"] != "serving":
+                break   # the daemon is stopping: it dropped the backlog
+            if done < queued:
+                time.sleep(poll_s)
+    return done
