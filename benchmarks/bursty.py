@@ -2,12 +2,19 @@
 
     python -m benchmarks.bursty                 # x40, x60, x80; about 10 s
     python -m benchmarks.bursty --speedups 60
+    python -m benchmarks.bursty --live          # also x40 and x60 through the live daemon; about 3 min
 
 One channel, max_batch 32, deadline 1,000 ms, the device 8 ms + 0.5 ms/item +
 0.002 ms/token, every request at its own size. dynbatchd's engine (windows
 fixed 10 ms, fixed 100 ms, slo) beside the two yardsticks of
 `benchmarks.heuristics`. Printed per speed-up: on-time share of all requests
 and of the longest 10%, utilisation, mean batch, overloaded and expired.
+
+With ``--live`` the same arrivals (fixed 10 ms window) are also sent, open
+loop at their trace times, to a real daemon (`dynbatchd start`, the
+"simulated" runner with the same device, real sockets), and its on-time
+shares are printed beside the simulation's: they must agree within the
+simulator's stated tolerance (docs/simulator.md: 1 point of on-time share).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ import argparse
 import shlex
 import subprocess
 import sys
+import tempfile
 
 from dynbatchd.config import ChannelSettings, PolicySettings
 from dynbatchd.plugins import Plugins
@@ -26,6 +34,8 @@ from benchmarks.traces import AZURE_CSV, azure_available
 
 DEVICE = DeviceModel(base_ms=8.0, per_item_ms=0.5, per_token_ms=0.002)
 DEADLINE_MS = 1000.0
+LIVE_SETUP = "fixed 10 ms"
+ON_TIME_TOLERANCE = 0.01   # docs/simulator.md, "The tolerances, and why"
 
 
 def setups() -> dict[str, ChannelSettings]:
@@ -38,6 +48,8 @@ def setups() -> dict[str, ChannelSettings]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bursty", description=__doc__.split("\n\n")[0])
     ap.add_argument("--speedups", default="40,60,80", help="trace speed-ups, comma-separated")
+    ap.add_argument("--live", action="store_true", help="also replay x40 and x60 through the live daemon")
+    ap.add_argument("--live-speedups", default="40,60", help="speed-ups for --live (default 40,60)")
     args = ap.parse_args(argv)
     if not azure_available():
         print(f"the trace {AZURE_CSV} is missing", file=sys.stderr)
@@ -65,7 +77,59 @@ def main(argv: list[str] | None = None) -> int:
                                 ("deadline-feasible, shortest first", feasible_shortest_first)):
             y = heuristic(arrivals, DEVICE, DEADLINE_MS)
             print(f"| x{speedup:g} | {name} | {y.share():.1%} | {y.share(longest):.1%} | | | | |")
+    if args.live:
+        compare_live(rows, [float(s) for s in args.live_speedups.split(",")], plugins)
     return 0
+
+
+def live_config(endpoint: str, control: str) -> str:
+    channel = setups()[LIVE_SETUP]
+    options = ", ".join(f"{k} = {v!r}" for k, v in DEVICE.options().items())
+    return (f'[daemon]\nlisten = "{endpoint}"\ncontrol = "{control}"\nlog_level = "warning"\n'
+            f'[devices]\nuse = ["cpu"]\ninflight = 2\n'
+            f'[models.sim]\nrunner = "simulated"\noptions = {{ {options} }}\n'
+            f'[channels.c]\nmax_batch = {channel.max_batch}\nwindow_ms = {channel.window_ms}\n'
+            f'deadline_ms = {channel.deadline_ms}\nqueue_limit = {channel.queue_limit}\n'
+            f'[routing]\ndefault = "c"\n')
+
+
+def compare_live(rows: list[tuple[float, int]], speedups: list[float], plugins: Plugins) -> None:
+    """The same arrivals through the real daemon and through the simulator, side by side."""
+    import os
+
+    import numpy as np
+
+    from benchmarks.harness import ipc_daemon
+    from benchmarks.loadgen import send_open_loop
+    from dynbatchd.client import build_request
+
+    print(f"\nLive daemon (runner \"simulated\", real sockets) vs simulation, {LIVE_SETUP} window; "
+          f"tolerance {ON_TIME_TOLERANCE:.0%} of on-time share")
+    print("| speed-up | on time live | on time sim | longest 10% live | longest 10% sim | agree | "
+          "send lag p99 ms | load avg |")
+    print("|---|---|---|---|---|---|---|---|")
+    for speedup in speedups:
+        arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
+        cut = sorted(a.tokens for a in arrivals)[int(0.9 * len(arrivals))]
+        longest = [i for i, a in enumerate(arrivals) if a.tokens >= cut]
+        sim = simulate({"c": setups()[LIVE_SETUP]}, arrivals, device=DEVICE,
+                       window_policies=plugins.window_policies())
+        sim_all = sim.total().on_time_fraction
+        sim_long = sum(sim.on_time(i) for i in longest) / len(longest)
+        offsets = np.array([a.at_ns / 1e9 for a in arrivals])
+        headers = [build_request(i + 1, "sim", 0, tokens=a.tokens)[0] for i, a in enumerate(arrivals)]
+        with tempfile.TemporaryDirectory(prefix="dynbatchd-bursty-") as tmp:
+            with ipc_daemon(tmp, live_config, name="dynbatchd (bursty)").start(60.0) as daemon:
+                load = os.getloadavg()[0]
+                sent = send_open_loop(daemon.endpoint, offsets, headers, drain_s=5.0, start_delay_s=0.05)
+        latency = sent.latency_ms()
+        on_time = [sent.code(i) == "ok" and latency[i] <= DEADLINE_MS for i in range(len(arrivals))]
+        live_all = sum(on_time) / len(on_time)
+        live_long = sum(on_time[i] for i in longest) / len(longest)
+        agree = abs(live_all - sim_all) <= ON_TIME_TOLERANCE
+        lag = float(np.percentile(sent.sent_lag, 99) * 1000.0)
+        print(f"| x{speedup:g} | {live_all:.1%} | {sim_all:.1%} | {live_long:.1%} | {sim_long:.1%} | "
+              f"{'yes' if agree else 'NO'} | {lag:.1f} | {load:.1f} |", flush=True)
 
 
 if __name__ == "__main__":
