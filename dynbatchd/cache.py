@@ -149,6 +149,8 @@ class ResultCache:
             self._bytes_window -= csize
             self._main[candidate] = (value, csize)   # on trial: it stays only if it beats the victims
             self._admit(candidate, csize)
+        if self._over():   # one window entry larger than the window's byte share
+            self._fit_total()
 
     def _over(self) -> bool:
         return len(self) > self.capacity or bool(self.max_bytes and self.bytes > self.max_bytes)

@@ -261,12 +261,16 @@ def _cache(page: _Page, cache: dict[str, Any] | None) -> None:
             ("hits", "dynbatchd_cache_hits_total", "Result-cache lookups that found an entry."),
             ("misses", "dynbatchd_cache_misses_total", "Result-cache lookups that found none."),
             ("evictions", "dynbatchd_cache_evictions_total", "Entries dropped to make room (least recently used)."),
+            ("admissions_refused", "dynbatchd_cache_admissions_refused_total",
+             "Results not kept: asked less often than what they would replace, or a rare user's first ask."),
     ):
         if key in cache:
             page.family(name, "counter", help_text, [("", cache[key])])
     for key, name, help_text in (
             ("entries", "dynbatchd_cache_entries", "Entries in the result cache."),
             ("capacity", "dynbatchd_cache_capacity_entries", "Entries the result cache may hold."),
+            ("bytes", "dynbatchd_cache_bytes", "Bytes the result cache holds (outputs and input texts)."),
+            ("max_bytes", "dynbatchd_cache_max_bytes", "Bytes the result cache may hold (0: no byte bound)."),
             ("warmup_backlog", "dynbatchd_warmup_backlog_requests", "Warmup inputs waiting for room to run."),
     ):
         if key in cache:

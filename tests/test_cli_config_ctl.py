@@ -195,16 +195,37 @@ def test_warmup_with_the_cache_off_exits_1_with_the_reason(monkeypatch):
 
 @pytest.mark.parametrize("as_json", [False, True])
 def test_warmup_that_queued_nothing_exits_1_with_the_reason(monkeypatch, as_json):
-    answer(monkeypatch, {"warmup": {"queued": 0, "already_cached": 0, "backlog": 0}})
+    reason = "the daemon has observed no request with a user and a text input yet (0 counted)"
+    answer(monkeypatch, {"warmup": {"queued": 0, "already_cached": 0, "backlog": 0, "reason": reason}})
     result = invoke("warmup", *(["--json"] if as_json else []))
     assert result.exit_code == 1
-    assert "nothing to warm up" in result.output and "[plugins.warmup] source" in result.output
+    assert "nothing to warm up" in result.output and "observed no request with a user" in result.output
 
 
 def test_warmup_that_queued_something_exits_0(monkeypatch):
-    answer(monkeypatch, {"warmup": {"queued": 5, "already_cached": 2, "backlog": 5}})
+    answer(monkeypatch, {"warmup": {"queued": 5, "already_cached": 2, "backlog": 5, "channel": "bulk"}})
     result = invoke("warmup")
     assert result.exit_code == 0 and "queued 5 inputs" in result.output
+
+
+def test_warmup_wait_follows_the_channel_until_every_input_ran(monkeypatch):
+    """--wait polls status: the channel's warmup counter, less what it was before, until all 3 ran."""
+    statuses = iter([{"warmup": {"items": 10}}, {"warmup": {"items": 11}}, {"warmup": {"items": 13}}])
+    calls = []
+
+    def fake(endpoint, cmd, **args):
+        calls.append(cmd)
+        if cmd == "warmup":
+            return {"queued": 3, "already_cached": 0, "backlog": 3, "channel": "bulk"}
+        return {"daemon": {"state": "serving"}, "cache": {"warmup_backlog": 1},
+                "channels": {"bulk": next(statuses)}}
+
+    monkeypatch.setattr(ctl, "control_call", fake)
+    monkeypatch.setattr("dynbatchd.cli.warmup.time.sleep", lambda s: None)
+    result = invoke("warmup", "--wait", "--json")
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout)["warmed"] == 3
+    assert calls == ["status", "warmup", "status", "status"]
 
 
 # --- the man page tells the truth -------------------------------------------

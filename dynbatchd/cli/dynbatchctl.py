@@ -22,6 +22,7 @@ from dynbatchd import config as cfgmod
 from dynbatchd.cli.plan import plan
 from dynbatchd.cli.recommend import recommend
 from dynbatchd.cli.simulate import simulate
+from dynbatchd.cli.warmup import follow, warmed
 from dynbatchd.client import Client, CurveKeys, DynbatchdError, control_call
 
 app = typer.Typer(help="Control and query a running dynbatchd.", no_args_is_help=True, add_completion=False)
@@ -419,25 +420,41 @@ def warmup(ctx: typer.Context,
            top_users: int = typer.Option(10_000, "--top-users", min=1, max=cfgmod.MAX_TOKENS,
                                          help="How many of the most active users."),
            model: Optional[str] = typer.Option(None, help="Only this model (default: every model)."),
+           wait: bool = typer.Option(False, "--wait", help="Follow the warmup until every queued input has run "
+                                                           "(a progress bar; one line a second when not a terminal)."),
            as_json: bool = JsonOption) -> None:
     """Precompute the top users' inputs into the result cache (run it from cron, off-peak).
 
-    Exits 1 when the daemon refuses (the cache is off, no such model) or when
-    no warmup plugin named a single input (no source set, or it is missing,
-    empty or malformed: the daemon's log says which).
+    The inputs come from what the daemon observed (its [top_users] sketch), or
+    from [plugins.warmup] source. They run through the warmup channel as it
+    has room, so live traffic is not delayed. Exits 1 when the daemon refuses
+    (the cache is off, no such model) or when there is nothing to warm (the
+    reason is printed: no user observed yet, the sketch is off, the source
+    file is missing or empty).
 
     Example crontab line: 0 3 * * * dynbatchctl warmup --top-users 10000
     """
+    status_before = _control(ctx, "status") if wait else None
     data = _control(ctx, "warmup", top_users=top_users, **({"model": model} if model else {}))
-    if as_json:
-        _emit_json(data)
-    else:
-        out.print(f"queued {data['queued']} inputs for warmup ({data['already_cached']} already cached, "
-                  f"backlog {data['backlog']})", highlight=False)
     if not data.get("queued") and not data.get("already_cached"):
-        reason = data.get("reason") or ("no warmup plugin named any input: is [plugins.warmup] source set, "
-                                        "and is the file there and in JSON lines? (the daemon's log says why)")
+        if as_json:
+            _emit_json(data)
+        reason = data.get("reason") or "no warmup plugin named any input (the daemon's log says why)"
         raise fail(f"nothing to warm up: {reason}", 1)
+    if as_json and not wait:
+        _emit_json(data)
+    elif not as_json:
+        out.print(f"queued {data['queued']} inputs for warmup in channel {data.get('channel', '?')} "
+                  f"({data['already_cached']} already cached, backlog {data['backlog']})", highlight=False)
+    if wait and data.get("queued"):
+        channel = data["channel"]
+        done = follow(lambda cmd: _control(ctx, cmd), channel, data["queued"], warmed(status_before, channel),
+                      Console(stderr=True) if as_json else out)
+        data["warmed"] = done
+        if as_json:
+            _emit_json(data)
+        else:
+            out.print(f"warmed {done} of {data['queued']} inputs", highlight=False)
 
 
 @app.command()
