@@ -188,6 +188,7 @@ class ChannelSettings(Frozen, kw_only=True):
     queue_limit: Annotated[int, Meta(ge=1, le=MAX_QUEUE)] = 1024
     priority: Priority = 0
     isolated: bool = False
+    anonymous: Literal["refuse", "alone"] = "refuse"   # an isolated channel's requests without a tenant
     run_late: bool = False
     max_tokens: NonNegative = 0
     token_buckets: list[NonNegative] = []
@@ -215,6 +216,8 @@ class RoutingSettings(Frozen, kw_only=True):
 class ComplianceSettings(Frozen, kw_only=True):
     regulated_tags: list[str] = msgspec.field(default_factory=lambda: ["banking", "medical", "financial"])
     banking_max_window_ms: Millis = 150.0
+    key_tenants: dict[str, str] = {}   # CURVE client key name -> the tenant its isolated requests run as
+    audit_log: str = ""                # JSON lines; empty: STATE_DIR/audit.jsonl
 
 
 class CacheSettings(Frozen, kw_only=True):

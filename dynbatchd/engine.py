@@ -30,6 +30,7 @@ from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_openin
 from dynbatchd.telemetry import DeviceStats
 
 OK = "ok"
+ANONYMOUS_RULE = "isolated-needs-tenant"   # an isolated channel's request without a tenant
 MAX_RETRIES = 1              # a request whose worker died under it runs once more, alone
 QUARANTINE_SIZE = 4096       # fingerprints of inputs proven to kill a worker
 WARMUP_DEADLINE_NS = 3_600 * 10**9   # warmup is never urgent and never answered
@@ -101,8 +102,10 @@ class Device:
 class Engine:
     def __init__(self, channels: dict[str, Channel], devices: list[str], *, inflight: int = 2,
                  queue_lead_ns: int = 1_000_000, cache: Any = None, freeze: Callable[[Any], Any] = lambda o: o,
-                 fingerprint: Callable[[Any], Hashable] | None = None, now_ns: int = 0):
+                 fingerprint: Callable[[Any], Hashable] | None = None, now_ns: int = 0,
+                 on_isolation: Callable[[str, str, "Job"], None] | None = None):
         self.scheduler = Scheduler(channels)
+        self.on_isolation = on_isolation   # (rule, action, job): an isolation decision, for the audit trail
         self.channels = channels
         self.devices = [Device(name, DeviceStats(name, since_ns=now_ns)) for name in devices]
         self.inflight = inflight
@@ -129,6 +132,12 @@ class Engine:
             return Answer(job.payload, P.SHUTTING_DOWN, "daemon is shutting down")
         if self.devices[0].gone and all(d.gone for d in self.devices):
             return Answer(job.payload, P.UNAVAILABLE, "no device is left to run this model; see the daemon's log")
+        if channel.settings.isolated and job.tenant is None and not job.warmup:
+            if channel.settings.anonymous == "refuse":
+                self._isolation(ANONYMOUS_RULE, "refused", job)
+                return Answer(job.payload, P.REFUSED, f"rule {ANONYMOUS_RULE}: channel {job.channel!r} is isolated "
+                                                      "and the request names no tenant; set the request's tenant")
+            self._isolation(ANONYMOUS_RULE, "ran alone", job)
         if (job.cache_key is not None and self.cache is not None and not channel.settings.isolated
                 and (job.cache_rule is None or job.cache_rule.lookup)):
             hit = self.cache.get(job.cache_key)
@@ -154,6 +163,12 @@ class Engine:
         why = (f"queue is full ({channel.settings.queue_limit})" if wait is None else
                f"backlogged: the predicted wait ({wait / 1e6:.0f} ms) and its own run end past its deadline")
         return Answer(job.payload, P.OVERLOADED, f"channel {job.channel!r} {why}")
+
+    def _isolation(self, rule: str, action: str, job: Job) -> None:
+        if action == "refused":
+            self.channels[job.channel].stats.refused += 1
+        if self.on_isolation is not None:
+            self.on_isolation(rule, action, job)
 
     def cancel(self, job: Job, now_ns: int) -> Answer | None:
         """The client withdrew `job`: still queued, it leaves the queue and is answered

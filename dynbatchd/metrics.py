@@ -136,6 +136,7 @@ def render(status: dict[str, Any], latency: dict[str, Any] | None = None,
     _channels(page, status["channels"], latency or {})
     _devices(page, status["devices"], gpu)
     _cache(page, status.get("cache"))
+    _compliance(page, status.get("compliance"))
     return page.text()
 
 
@@ -275,6 +276,16 @@ def _cache(page: _Page, cache: dict[str, Any] | None) -> None:
     ):
         if key in cache:
             page.family(name, "gauge", help_text, [("", cache[key])])
+
+
+def _compliance(page: _Page, compliance: dict[str, Any] | None) -> None:
+    if compliance is None:
+        return
+    page.family("dynbatchd_compliance_decisions_total", "counter",
+                "Requests refused by a compliance or isolation rule, or run alone by one (see the audit log).",
+                [(_labels(rule=d["rule"], action=d["action"]), d["count"]) for d in compliance["decisions"]])
+    page.family("dynbatchd_audit_write_errors_total", "counter", "Audit records that could not be written.",
+                [("", compliance.get("write_errors", 0))])
 
 
 async def serve(listen: str, page: Callable[[], str]) -> asyncio.AbstractServer:

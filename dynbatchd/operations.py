@@ -82,6 +82,7 @@ class Operations:
             "channels": snap["channels"],
             "devices": devices,
             "cache": {**self.cache.snapshot(), "warmup_backlog": snap["warmup_backlog"]} if self.cache is not None else None,
+            "compliance": self.audit.snapshot(),
         }
 
     def metrics_page(self) -> str:

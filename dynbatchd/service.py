@@ -20,9 +20,11 @@ import tempfile
 import time
 from typing import Any, Callable
 
+import msgspec
 import zmq
 
 from dynbatchd import __version__, protocol as P, systemd
+from dynbatchd.audit import FILE_NAME as AUDIT_FILE, AuditLog
 from dynbatchd.cache import ResultCache
 from dynbatchd.config import Config, state_path
 from dynbatchd.control.server import ControlServer
@@ -39,6 +41,10 @@ from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE, TopUsers
 from dynbatchd.transport import FrontEnd
 
 log = logging.getLogger("dynbatchd")
+
+ADMISSION_RULE = "admission-check"         # a plugin's dynbatchd_admit refused it (its reason says which)
+KEY_RULE = "key-without-tenant"            # CURVE on: the client key has no tenant in [compliance] key_tenants
+CLAIM_RULE = "tenant-not-of-key"           # CURVE on: the request claims a tenant its key does not belong to
 
 
 class StartupError(Exception):
@@ -63,7 +69,9 @@ class Daemon(Operations):
         channels = build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
                              queue_lead_ns=int(config.devices.queue_lead_ms * 1e6), cache=self.cache,
-                             freeze=freeze, fingerprint=fingerprint, now_ns=self.started_ns)
+                             freeze=freeze, fingerprint=fingerprint, now_ns=self.started_ns,
+                             on_isolation=self._on_isolation)
+        self.audit = AuditLog(config.compliance.audit_log or state_path(config.daemon, AUDIT_FILE))
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
         self._pump_scheduled = False
@@ -234,27 +242,55 @@ class Daemon(Operations):
         info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
                            tokens, request.priority, request.tenant, request.user)
         channel = self.plugins.channel_for(info, config)
+        tenant = request.tenant
+        if front.curve and config.compliance.key_tenants and config.channels[channel].isolated:
+            tenant, refusal = self._tenant_of_key(front.peer, request.tenant)
+            if refusal:
+                self._refuse(envelope, request.id, channel, request.tenant, *refusal)
+                return
+            info = msgspec.structs.replace(info, tenant=tenant)
         if self.plugins.has_admission_checks:
             reason = self.plugins.admit(info, channel, config)
             if reason:
-                self.engine.refused(channel)
-                front.reject(envelope, request.id, P.REFUSED, reason)
+                self._refuse(envelope, request.id, channel, tenant, ADMISSION_RULE, reason)
                 return
         cache_key = rule = None
         if request.text is not None:
-            cache_key = (request.model, request.tenant, request.text)
+            cache_key = (request.model, tenant, request.text)
             if self.cache_rule is not None:
                 rule = self.cache_rule(info)
             if request.user is not None and self.top_users is not None and not config.channels[channel].isolated:
-                self.top_users.observe(request.tenant, request.user, request.model, request.text)
+                self.top_users.observe(tenant, request.user, request.model, request.text)
         job = Job(request.model, channel, tokens, request.deadline_ms or config.channels[channel].deadline_ms,
-                  Pending(envelope, request, frames), request.tenant, cache_key, rule)
+                  Pending(envelope, request, frames), tenant, cache_key, rule)
         answer = self.engine.submit(job, self.clock())
         if answer is not None:
             self._send((answer,))
         else:
             self._queued[(envelope[0], request.id)] = job
             self._schedule_pump()
+
+    # -- compliance ---------------------------------------------------------------
+    def _tenant_of_key(self, key_name: str | None, claimed: str | None) -> tuple[str | None, tuple[str, str] | None]:
+        """With CURVE and ``[compliance] key_tenants``, an isolated channel's tenant is the client
+        key's, never the request's claim: (tenant, None), or (None, (rule, reason)) to refuse."""
+        tenant = self.config.compliance.key_tenants.get(key_name or "")
+        if tenant is None:
+            return None, (KEY_RULE, f"rule {KEY_RULE}: the client key {key_name!r} is mapped to no tenant in "
+                                    "[compliance] key_tenants, so it may not send to an isolated channel")
+        if claimed is not None and claimed != tenant:
+            return None, (CLAIM_RULE, f"rule {CLAIM_RULE}: the request claims tenant {claimed!r}, but its client "
+                                      f"key {key_name!r} belongs to another tenant")
+        return tenant, None
+
+    def _refuse(self, envelope, request_id, channel: str, tenant: str | None, rule: str, reason: str) -> None:
+        self.engine.refused(channel)
+        self.audit.record(rule, "refused", channel, tenant, request_id)
+        self.front.reject(envelope, request_id, P.REFUSED, reason)
+
+    def _on_isolation(self, rule: str, action: str, job: Job) -> None:
+        request = job.payload.request if isinstance(job.payload, Pending) else None
+        self.audit.record(rule, action, job.channel, job.tenant, request.id if request is not None else None)
 
     def _send(self, answers) -> None:
         """Each engine answer as a reply to its client (warmup inputs have none)."""

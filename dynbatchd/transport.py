@@ -39,17 +39,26 @@ _RCVMORE = int(zmq.RCVMORE)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
+class Message(list):
+    """One multipart message's frames, and who sent it: the ZAP User-Id of a CURVE peer (the name
+    of its key file in the clients directory), None where the socket authenticates no one."""
+    __slots__ = ("user_id",)
+
+
 class LoopSocket:
     """A ZeroMQ socket driven by the event loop's reader callbacks.
 
     ZeroMQ's file descriptor is edge-triggered and is also consumed by sends,
     so the socket is drained until empty on every wake-up and re-checked
-    after every send burst (`kick`).
+    after every send burst (`kick`). With `user_ids`, each message comes as a
+    `Message` carrying its sender's authenticated identity.
     """
 
-    def __init__(self, sock: zmq.Socket, on_messages: Callable[[list[list[bytes]]], None]):
+    def __init__(self, sock: zmq.Socket, on_messages: Callable[[list[list[bytes]]], None], *,
+                 user_ids: bool = False):
         self.sock = sock
         self.on_messages = on_messages   # called with every multipart message read in one pass
+        self.user_ids = user_ids
         self.undeliverable = 0           # replies ZeroMQ refused: peer gone, or its queue full
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kicked = False
@@ -76,7 +85,7 @@ class LoopSocket:
         recv, option = self.sock.recv, self.sock.getsockopt
         try:   # asking EVENTS first: ending every drain on zmq.Again cost ~10 us per wake-up
             while len(batch) < DRAIN_LIMIT and option(_EVENTS) & _POLLIN:
-                frames = [recv(_NOBLOCK)]
+                frames = [recv(_NOBLOCK)] if not self.user_ids else self._recv_with_user_id()
                 while option(_RCVMORE):
                     frames.append(recv(_NOBLOCK))
                 batch.append(frames)
@@ -91,6 +100,15 @@ class LoopSocket:
             self.kick()
         elif self.sock.getsockopt(_EVENTS) & _POLLIN:
             self.kick()
+
+    def _recv_with_user_id(self) -> Message:
+        first = self.sock.recv(_NOBLOCK, copy=False)
+        message = Message([first.bytes])
+        try:
+            message.user_id = first.get("User-Id")
+        except zmq.ZMQError:   # no metadata: nobody authenticated this peer
+            message.user_id = None
+        return message
 
     def kick(self) -> None:
         """Look for messages again soon: a send may have swallowed the readable edge."""
@@ -154,6 +172,7 @@ class _Authenticator(AsyncioAuthenticator):
     def __init__(self, ctx: zmq.Context, domain: str, clients_dir: Path):
         super().__init__(ctx, log=logging.getLogger("dynbatchd.auth"))
         self.domain, self.clients_dir = domain, clients_dir
+        self.key_names: dict[bytes, str] = {}   # z85 public key -> its file's name (without .key)
         self._seen: Any = None
         self._peer = "?"
         self._refusals = _Throttle(log)
@@ -180,7 +199,21 @@ class _Authenticator(AsyncioAuthenticator):
                 except cfgmod.KeyFileError as exc:
                     log.warning("CURVE: client key skipped: %s", exc)
             self.certs[self.domain] = admitted
+        self.key_names = {}
+        for key_file in sorted(self.clients_dir.glob("*.key")) if self.clients_dir.is_dir() else ():
+            try:
+                self.key_names[cfgmod.read_key_file(key_file)[0]] = key_file.stem
+            except cfgmod.KeyFileError:
+                pass
         log.info("CURVE: %d client keys admitted from %s", len(self.certs[self.domain]), self.clients_dir)
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        """The User-Id each message of this peer carries: its key file's name (what
+        ``[compliance] key_tenants`` maps to a tenant)."""
+        from zmq.utils import z85
+
+        public = z85.encode(client_public_key)
+        return self.key_names.get(public, public.decode("ascii"))
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
         self._peer = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "?"
@@ -361,7 +394,8 @@ class FrontEnd:
         self.endpoint = endpoint
         self.max_request_bytes = max_request_bytes
         self.handler = handler
-        self.io = LoopSocket(sock, self._on_messages)
+        self.io = LoopSocket(sock, self._on_messages, user_ids=self.curve)
+        self.peer: str | None = None   # the message being handled: its sender's CURVE key name, if any
         self.dropped = 0      # messages with no body to answer
         self.bad_requests = 0
 
@@ -370,6 +404,7 @@ class FrontEnd:
 
     def _on_messages(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
+            self.peer = getattr(frames, "user_id", None)
             envelope, body = split_envelope(frames)
             if not body:
                 self.dropped += 1

@@ -301,6 +301,24 @@ def status_view(data: dict[str, Any], console: Console | None = None, wide: bool
     return Group(*parts)
 
 
+def compliance_view(summary: dict[str, Any]) -> Group:
+    """`status --compliance`: counts per rule, then the latest decisions (ids only, never payloads)."""
+    counts = Table(title="compliance decisions", title_justify="left")
+    for column in ("rule", "action", "count"):
+        counts.add_column(column, justify="right" if column == "count" else "left")
+    for d in summary["decisions"]:
+        counts.add_row(d["rule"], d["action"], f"{d['count']:,}")
+    if not summary["decisions"]:
+        counts.add_row("(none)", "", "0")
+    recent = Table(title="latest", title_justify="left")
+    for column in ("time", "rule", "action", "channel", "tenant", "request id"):
+        recent.add_column(column)
+    for d in summary["recent"]:
+        recent.add_row(d["time"], d["rule"], d["action"], d["channel"], str(d["tenant"]), str(d["request_id"]))
+    where = summary.get("audit_log") or "not written"
+    return Group(counts, recent, Text(f"audit log: {where}", style="dim"))
+
+
 def _print_status(view: Group, wide: bool) -> None:
     if wide:   # as wide as the tables need, even past the terminal's edge
         need = Measurement.get(out, out.options.update_width(1 << 16), view).maximum
@@ -316,9 +334,20 @@ def status(ctx: typer.Context, as_json: bool = JsonOption,
                                                  help="Refresh every SECONDS until interrupted (one plain "
                                                       "frame per interval when not on a terminal)."),
            once: bool = typer.Option(False, "--once", help="Print one frame and exit, even with --watch."),
-           wide: bool = typer.Option(False, "--wide", help="Show every column, however wide the table.")) -> None:
+           wide: bool = typer.Option(False, "--wide", help="Show every column, however wide the table."),
+           compliance: bool = typer.Option(False, "--compliance",
+                                           help="The compliance audit summary instead: refusals and "
+                                                "run-alone decisions per rule, the latest ones, the audit log.")
+           ) -> None:
     """Per-channel queues and batching, per-device workers (fits the terminal; --wide shows all)."""
     data = _control(ctx, "status")
+    if compliance:
+        summary = data.get("compliance") or {"decisions": [], "recent": [], "audit_log": None}
+        if as_json:
+            _emit_json(summary)
+        else:
+            out.print(compliance_view(summary))
+        return
     if as_json:
         _emit_json(data)
         return

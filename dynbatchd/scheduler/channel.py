@@ -162,9 +162,11 @@ class Channel:
         return int(base * -(-count // self.sizer.max_batch()) + per_item * count + per_token * tokens)
 
     def lane_for(self, item: Item) -> Lane:
-        """The lane of `item`: its model, its tenant in an isolated channel, its length bucket."""
+        """The lane of `item`: its model, its tenant in an isolated channel, its length bucket.
+        In an isolated channel a request of no tenant (``anonymous = "alone"``; the engine refuses
+        it otherwise) has a lane of its own, so it runs in a batch of one."""
         settings = self.settings
-        tenant = item.tenant if settings.isolated else None
+        tenant = (item.tenant if item.tenant is not None else ("alone", item.key)) if settings.isolated else None
         bucket = bisect.bisect_left(settings.token_buckets, item.tokens) if settings.token_buckets else 0
         key = (item.model, tenant, bucket, item.warmup)
         lane = self.lanes.get(key)
@@ -370,6 +372,11 @@ class Channel:
                 new.inherit(current)
             setattr(self, attr, new)
         self.settings = settings
+        if old.isolated != settings.isolated and self.depth:   # lanes key by tenant only when isolated
+            queued: list[Item] = []
+            self.take_all(queued)
+            for item in queued:
+                self.requeue(item)
 
     def describe(self) -> dict[str, Any]:
         policy = self.window.describe()
