@@ -90,3 +90,55 @@ def test_status_compliance_summarises_the_audit(daemon):
     assert summary["audit_log"].endswith("audit.jsonl")
     table = CliRunner().invoke(app, ["--control", daemon.control, "status", "--compliance"])
     assert table.exit_code == 0 and ANONYMOUS_RULE in table.stdout and "audit log" in table.stdout
+
+
+# --- with CURVE: the tenant is the client key's -----------------------------------------------
+
+CURVE_EXTRA = """
+    [channels.medical]
+    max_batch = 8
+    window_ms = 1
+    isolated = true
+    [[routing.rules]]
+    tag = "medical"
+    channel = "medical"
+    [compliance]
+    key_tenants = { alice = "hospital-a" }
+"""
+
+
+def test_with_curve_an_isolated_request_runs_as_its_keys_tenant(tmp_path):
+    import signal
+
+    import zmq
+
+    from dynbatchd import config as cfgmod
+    from dynbatchd.client import CurveKeys
+    from test_security_curve import Keys, start_curve_daemon
+
+    if not zmq.has("curve"):
+        pytest.skip("libzmq without CURVE")
+    keys = Keys(tmp_path)
+    bob_public, bob_secret, _ = cfgmod.write_keypair(keys.mine, "bob")   # admitted, but of no tenant
+    (keys.dir / "clients" / "bob.key").write_bytes(bob_public.read_bytes())
+    bob = CurveKeys.load(bob_secret, keys.server_public)
+    proc, endpoint, _, log = start_curve_daemon(tmp_path, keys, CURVE_EXTRA)
+    try:
+        with Client(endpoint, timeout=30, curve=keys.alice) as alice:
+            assert alice.infer("echo", "scan 1", tags=["medical"]) == "scan 1"            # no claim: her key's
+            assert alice.infer("echo", "scan 2", tags=["medical"], tenant="hospital-a") == "scan 2"
+            with pytest.raises(Refused) as forged:
+                alice.infer("echo", "scan 3", tags=["medical"], tenant="hospital-b")
+            assert "tenant-not-of-key" in str(forged.value)
+            assert alice.infer("echo", "open", tenant="anyone") == "open"                 # open channel: trusted
+        with Client(endpoint, timeout=30, curve=bob) as client:
+            with pytest.raises(Refused) as keyless:
+                client.infer("echo", "scan 4", tags=["medical"])
+            assert "key-without-tenant" in str(keyless.value)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    records = [json.loads(line) for line in (tmp_path / "state" / "audit.jsonl").read_text().splitlines()]
+    assert [(r["rule"], r["tenant"]) for r in records] == [("tenant-not-of-key", "hospital-b"),
+                                                          ("key-without-tenant", None)]
+    assert "scan" not in (tmp_path / "state" / "audit.jsonl").read_text() and "scan 3" not in log.read_text()

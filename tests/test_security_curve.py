@@ -173,7 +173,8 @@ def test_a_curve_socket_refuses_every_handshake_once_the_zap_handler_is_gone(key
 
 # --- end to end --------------------------------------------------------------------------
 
-def start_curve_daemon(tmp_path: Path, keys: Keys) -> tuple[subprocess.Popen, str, str, Path]:
+def start_curve_daemon(tmp_path: Path, keys: Keys, extra: str = "") -> tuple[subprocess.Popen, str, str, Path]:
+    """The daemon with CURVE on tcp:// and the echo model; `extra`: more config (channels, sections)."""
     endpoint, control = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     config = tmp_path / "dynbatchd.toml"
     config.write_text(textwrap.dedent(f"""
@@ -182,6 +183,7 @@ def start_curve_daemon(tmp_path: Path, keys: Keys) -> tuple[subprocess.Popen, st
         control = "{control}"
         curve = true
         keys_dir = "{keys.dir}"
+        state_dir = "{tmp_path / 'state'}"
         drain_timeout_s = 10
         [devices]
         use = ["cpu"]
@@ -194,7 +196,7 @@ def start_curve_daemon(tmp_path: Path, keys: Keys) -> tuple[subprocess.Popen, st
         window_ms = 1
         [routing]
         default = "standard"
-    """))
+    """) + textwrap.dedent(extra))
     log = tmp_path / "daemon.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO)])}
     proc = subprocess.Popen([sys.executable, "-m", "dynbatchd", "start", "--config", str(config)], cwd=REPO,
