@@ -86,3 +86,28 @@ def all_scenarios() -> list[Scenario]:
                  slo_ms=50.0, start=1500.0, factor=1.5, probes=6, refine=2, twin_of="noop-b64",
                  fixed_rates=[1000.0]),
     ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m benchmarks.scenarios sales-peak | k12`: the guide's peak cases (benchmarks/peak.py)."""
+    import argparse
+    import shlex
+    import sys
+
+    from benchmarks import peak
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.scenarios", description=peak.__doc__.split("\n\n")[0])
+    ap.add_argument("scenario", choices=["sales-peak", "k12"])
+    ap.add_argument("--seconds", type=float, default=None,
+                    help="sales-peak: simulated seconds (default 60); k12: simulated seconds per guide hour (60)")
+    args = ap.parse_args(argv)
+    print("python -m benchmarks.scenarios " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])))
+    if args.scenario == "sales-peak":
+        peak.print_sales_peak(args.seconds or 60.0)
+    else:
+        peak.print_k12(args.seconds or 60.0)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -72,7 +72,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
              window_policies: Mapping[str, Any] | None = None, sizers: Mapping[str, Any] | None = None,
              route: Router | None = None, routing: Any = None, plugins: Any = None,
              observe_every_ms: float = 1000.0, queue_lead_ms: float = 1.0,
-             max_events: int = 50_000_000) -> SimResult:
+             max_events: int = 50_000_000, cache: Any = None, cache_rule: Any = None) -> SimResult:
     """Run `arrivals` through the daemon's engine on `devices` simulated devices.
 
     `device`: one DeviceModel for every device, or one per device (a mixed pool;
@@ -84,7 +84,11 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     names a channel goes there. Every `observe_every_ms` of simulated time (0:
     never), as the daemon's device observer does once a second, the engine is
     told the devices' busy fraction since the last look and the fullest
-    batch's share of the memory limit (what NVML would report).
+    batch's share of the memory limit (what NVML would report). `cache`: a
+    `ResultCache` the engine answers from and fills, as the daemon's, keyed by
+    (model, tenant, text) for arrivals with a `text`; `cache_rule`: the cache
+    policy (a function of a `RequestInfo`, see the ``dynbatchd_cache_policies``
+    hook), default: frequency admission for every request.
 
         >>> from dynbatchd.config import ChannelSettings
         >>> r = simulate({"standard": ChannelSettings(max_batch=32, window_ms=10)},
@@ -104,7 +108,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     first = trace[0].at_ns if trace else 0
     built = build_channels(dict(channels), window_policies, sizers)
     engine = Engine(built, [f"sim:{i}" for i in range(devices)], inflight=inflight,
-                    queue_lead_ns=int(queue_lead_ms * MS), now_ns=first)
+                    queue_lead_ns=int(queue_lead_ms * MS), now_ns=first, cache=cache)
     for index in range(devices):
         engine.device_up(index)
     runners = [VirtualRunner(m) for m in models]
@@ -132,7 +136,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
             dev = devs[d.device]
             start = max(at, dev.free_at)
             dev.free_at = start + compute
-            done = Outcome(compute, [None] * len(d.batch.items), run.errors, run.rejected, run.oom, True)
+            done = Outcome(compute, [True] * len(d.batch.items), run.errors, run.rejected, run.oom, True)  # (None: a cache miss)
             heapq.heappush(running, (dev.free_at, d.batch.id, d.device, d.batch, done, start))
         wake = engine.next_wakeup()
         return NEVER if wake is None else max(wake, at + 1)
@@ -173,7 +177,13 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
             deadline_ms = a.deadline_ms or engine.channels[name].settings.deadline_ms
             channel_of[i] = name
             slo[i] = int((a.slo_ms if a.slo_ms is not None else deadline_ms) * MS)
-            refusal = engine.submit(Job(a.model, name, a.tokens, deadline_ms, i, a.tenant), now)
+            job = Job(a.model, name, a.tokens, deadline_ms, i, a.tenant)
+            if cache is not None and a.text is not None:
+                job.cache_key = (a.model, a.tenant, a.text)
+                if cache_rule is not None:
+                    job.cache_rule = cache_rule(RequestInfo(a.model, a.tags, a.request_type, a.user_frequency,
+                                                            a.tokens, a.priority, a.tenant))
+            refusal = engine.submit(job, now)
             if refusal is not None:
                 answer([refusal], now)
             i += 1

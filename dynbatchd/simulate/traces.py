@@ -33,6 +33,7 @@ class Arrival:
     request_type: str | None = None
     user_frequency: str | None = None
     priority: int | None = None
+    text: str | None = None            # the input, for the result cache (None: never cached)
 
 
 def mix_tokens(rng: random.Random) -> tuple[str, int]:
