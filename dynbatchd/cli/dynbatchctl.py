@@ -19,9 +19,11 @@ from rich.table import Table
 from rich.text import Text
 
 from dynbatchd import config as cfgmod
+from dynbatchd.cli.capacity import capacity
 from dynbatchd.cli.plan import plan
 from dynbatchd.cli.recommend import recommend
 from dynbatchd.cli.simulate import simulate
+from dynbatchd.cli.tune import tune
 from dynbatchd.cli.warmup import follow, warmed
 from dynbatchd.client import Client, CurveKeys, DynbatchdError, control_call
 
@@ -388,44 +390,6 @@ def plugins(ctx: typer.Context, as_json: bool = JsonOption) -> None:
         out.print(f"[red]broken plugin {escape(name)}:[/red] {escape(why)}", highlight=False)
 
 
-TUNE_HELP = {
-    "max_batch": "Largest batch cut from the channel (1 to 65536).",
-    "window_ms": "Longest wait for a batch to fill, in ms (0 to the channel's deadline).",
-    "deadline_ms": "Default deadline of the channel's requests, in ms (> 0, at most one day).",
-    "queue_limit": "Requests the channel may hold before answering overloaded (1 to 16777216).",
-    "max_tokens": "Cap on the tokens of one batch (0: none).",
-    "min_share": "Share of dispatches the channel is guaranteed under overload (0 to 1).",
-}
-
-
-@app.command()
-def tune(ctx: typer.Context, channel: str = typer.Argument(..., help="The channel to change."),
-         max_batch: Optional[int] = typer.Option(None, help=TUNE_HELP["max_batch"]),
-         window_ms: Optional[float] = typer.Option(None, help=TUNE_HELP["window_ms"]),
-         deadline_ms: Optional[float] = typer.Option(None, help=TUNE_HELP["deadline_ms"]),
-         queue_limit: Optional[int] = typer.Option(None, help=TUNE_HELP["queue_limit"]),
-         max_tokens: Optional[int] = typer.Option(None, help=TUNE_HELP["max_tokens"]),
-         min_share: Optional[float] = typer.Option(None, help=TUNE_HELP["min_share"]),
-         as_json: bool = typer.Option(False, "--json", help="Print all of the channel's settings after the change.")
-         ) -> None:
-    """Change one channel's batching at run time (checked like a config file; not saved to disk)."""
-    changes = {k: v for k, v in dict(max_batch=max_batch, window_ms=window_ms, deadline_ms=deadline_ms,
-                                      queue_limit=queue_limit, max_tokens=max_tokens, min_share=min_share).items()
-               if v is not None}
-    if not changes:
-        raise fail("give at least one setting, e.g. --window-ms 20", 2)
-    try:   # the ranges of a config file, here, so a value msgpack cannot even carry is one clear line
-        cfgmod.check_channel_values(channel, changes)
-    except cfgmod.ConfigError as exc:
-        raise fail(f"refused: {exc.key}: {exc.rule}", 2) from None
-    data = _control(ctx, "tune", channel=channel, **changes)
-    if as_json:
-        _emit_json(data)
-    else:
-        out.print(f"channel [bold]{escape(channel)}[/bold] now: " + ", ".join(f"{k}={data[k]}" for k in changes),
-                  highlight=False)
-
-
 @app.command()
 def reload(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help='Print {"needs_restart": [...]}.')
            ) -> None:
@@ -530,7 +494,9 @@ def keygen(name: str = typer.Argument("client", help="File name: NAME.key and NA
 
 app.command("plan")(plan)
 app.command("simulate")(simulate)
+app.command("capacity")(capacity)
 app.command("recommend")(recommend)
+app.command("tune")(tune)
 
 
 def main() -> None:

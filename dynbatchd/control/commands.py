@@ -44,7 +44,8 @@ def config(daemon) -> dict[str, Any]:
     return cfgmod.to_dict(daemon.config)
 
 
-TUNABLE = ("max_batch", "window_ms", "deadline_ms", "queue_limit", "max_tokens", "min_share")
+TUNABLE = ("max_batch", "window_ms", "deadline_ms", "queue_limit", "max_tokens", "min_share",
+           "window")   # window: {"policy": NAME, "options": {...}} or None (fixed), as `tune --auto` sets it
 
 
 def tune(daemon, channel: str, **changes: Any) -> dict[str, Any]:

@@ -1,0 +1,61 @@
+"""Analyzer: a latency/throughput model of one channel, fitted to what the collector observed.
+
+The model is the simulator on the learned batch cost (`DeviceModel`) fed Poisson traffic at
+the observed rate and request size. Its fit error is how far the model's on-time share and p99
+for the *running* settings land from what the daemon measured: a large error means the
+recommendation rests on a poor model, and the report says so."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from dynbatchd.simulate import Arrival, DeviceModel, SimResult, simulate
+from dynbatchd.tuning.collector import Observation
+
+SECOND = 1_000_000_000
+MAX_ARRIVALS = 20_000   # per simulated run, so one trial stays well under a second
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelModel:
+    """What a trial replays: the channel's traffic and its devices (every figure SIMULATED)."""
+    channel: str
+    device: DeviceModel
+    devices: int
+    rate_rps: float
+    mean_tokens: float
+    duration_s: float
+    seed: int = 1
+
+    def traffic(self, scale: float = 1.0) -> list[Arrival]:
+        """Poisson arrivals at `scale` x the observed rate, all to the channel (deterministic)."""
+        rng = random.Random(self.seed)
+        rate = self.rate_rps * scale
+        duration = min(self.duration_s, MAX_ARRIVALS / rate)
+        out, t, tokens = [], 0.0, round(self.mean_tokens)
+        while True:
+            t += rng.expovariate(rate)
+            if t >= duration:
+                return out
+            out.append(Arrival(int(t * SECOND), tokens, self.channel))
+
+    def run(self, channels: dict[str, Any], arrivals: list[Arrival], **kw: Any) -> SimResult:
+        return simulate(channels, arrivals, device=self.device, devices=self.devices, **kw)
+
+
+def fit(observation: Observation, duration_s: float = 20.0, seed: int = 1) -> ChannelModel:
+    """The model of a channel from its observations."""
+    device = DeviceModel(observation.cost_base_ms, observation.cost_per_item_ms, observation.cost_per_token_ms)
+    return ChannelModel(observation.channel, device, observation.devices, observation.arrival_rps,
+                        observation.mean_tokens, duration_s, seed)
+
+
+def fit_error(observation: Observation, on_time: float, p99_ms: float) -> dict[str, float]:
+    """How far the model's on-time share and p99 for the running settings are from the measured ones."""
+    p99 = p99_ms
+    return {"on_time_error": round(abs(on_time - observation.on_time), 4),
+            "p99_error_ms": round(abs(p99 - observation.p99_ms), 3),
+            "p99_relative_error": round(abs(p99 - observation.p99_ms) / observation.p99_ms, 4)
+            if observation.p99_ms > 0 else 0.0}
