@@ -20,6 +20,7 @@ from rich.text import Text
 
 from dynbatchd import config as cfgmod
 from dynbatchd.cli.capacity import capacity
+from dynbatchd.cli.capacity import capacity
 from dynbatchd.cli.plan import plan
 from dynbatchd.cli.recommend import recommend
 from dynbatchd.cli.simulate import simulate
@@ -494,6 +495,7 @@ def keygen(name: str = typer.Argument("client", help="File name: NAME.key and NA
 
 app.command("plan")(plan)
 app.command("simulate")(simulate)
+app.command("capacity")(capacity)
 app.command("capacity")(capacity)
 app.command("recommend")(recommend)
 app.command("tune")(tune)
