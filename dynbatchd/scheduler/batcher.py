@@ -127,7 +127,10 @@ class Scheduler:
                 break
             channel, lane = pick
             self._next_batch_id += 1
-            batch = channel.form(lane, self._next_batch_id, now_ns, now_ns + device_busy_ns, self._budget_ns(channel))
+            budget = self._budget_ns(channel)
+            if lane.warmup:
+                budget = self._warmup_budget_ns() if budget is None else min(budget, self._warmup_budget_ns())
+            batch = channel.form(lane, self._next_batch_id, now_ns, now_ns + device_busy_ns, budget)
             decision.batches.append(batch)
             self._count_share(channel.name, channel.cost.estimate_ns(len(batch.items), batch.tokens) or len(batch.items))
             free_slots -= 1
@@ -154,6 +157,15 @@ class Scheduler:
             budgets.append(int((s.deadline_ms - s.window_ms) * 1_000_000 - own) // 2)
         return max(0, min(budgets)) if budgets else None
 
+    def _warmup_budget_ns(self) -> int:
+        """The longest warmup batch: the shortest live window. A live request waits for its
+        window anyway, so a warmup batch started just before it arrives ends before that
+        request's batch would have closed: warmup fills idle time without delaying anyone."""
+        return int(min(c.settings.window_ms for c in self.channels.values()) * 1_000_000)
+
+    def _live_work_queued(self) -> bool:
+        return any(lane.heap and not lane.warmup for c in self.channels.values() for lane in c.lanes.values())
+
     def _most_urgent_ready(self, now_ns: int, free_slots: int, busy_ns: int) -> tuple[Channel, Lane] | None:
         """Which ready lane a free slot serves.
 
@@ -164,6 +176,9 @@ class Scheduler:
            queued behind it), higher channel priority first (realtime keeps its
            deadlines, lower channels absorb the delay);
         3. then earliest deadline first.
+
+        Warmup lanes (nobody waits for them) only when a device is idle and no live request
+        is queued anywhere, in batches no longer than `_warmup_budget_ns`.
         """
         best = None
         best_key = None
@@ -175,6 +190,8 @@ class Scheduler:
             settings = channel.settings
             starved = settings.min_share > 0 and self._recent[channel.name] / total < settings.min_share
             for lane in channel.lanes.values():
+                if lane.warmup and (busy_ns > 0 or self._live_work_queued()):
+                    continue   # optional work runs only on an idle device with no live request waiting
                 if channel.ready_at(lane, now_ns, free_slots, self.draining, busy_ns) > now_ns:
                     continue
                 deadline = lane.head_deadline()
