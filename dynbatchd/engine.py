@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Iterable
+from typing import Any, Callable, Hashable, Iterable, Sequence
 
 from dynbatchd import protocol as P
 from dynbatchd.scheduler import Batch, Channel, Item, Scheduler
@@ -103,8 +103,12 @@ class Engine:
     def __init__(self, channels: dict[str, Channel], devices: list[str], *, inflight: int = 2,
                  queue_lead_ns: int = 1_000_000, cache: Any = None, freeze: Callable[[Any], Any] = lambda o: o,
                  fingerprint: Callable[[Any], Hashable] | None = None, now_ns: int = 0,
-                 on_isolation: Callable[[str, str, "Job"], None] | None = None):
+                 on_isolation: Callable[[str, str, "Job"], None] | None = None,
+                 device_limits: Sequence[tuple[int, int]] | None = None):
         self.scheduler = Scheduler(channels)
+        # (most items, most tokens) one batch may carry on each device (0: no limit): a mixed pool's
+        # smaller device gets a batch cut to its own size, the rest waits for the next device.
+        self.device_limits = list(device_limits) if device_limits else [(0, 0)] * len(devices)
         self.on_isolation = on_isolation   # (rule, action, job): an isolation decision, for the audit trail
         self.channels = channels
         self.devices = [Device(name, DeviceStats(name, since_ns=now_ns)) for name in devices]
@@ -242,7 +246,7 @@ class Engine:
                 if index is None:
                     self.scheduler.requeue(batch.items)   # a retried request waits for an idle device
                 else:
-                    dispatches.append(Dispatch(index, batch))
+                    dispatches.append(Dispatch(index, self.devices[index].held[batch.id][0]))
                     placed += 1
             if not placed:
                 break
@@ -263,6 +267,7 @@ class Engine:
         index = pick_device(choose, now_ns, self.inflight, self.lead_ns, lambda i: self._estimate(batch, i))
         if index is None:
             return None
+        batch = self._fit(batch, index)
         view = views[index]
         end = (max(view.free_at_ns, now_ns) if view.held else now_ns) + self._estimate(batch, index)
         device = self.devices[index]
@@ -271,6 +276,23 @@ class Engine:
         device.stats.inflight = len(device.held)
         views[index] = DeviceView(view.held + 1, end, view.usable and not exclusive)
         return index
+
+    def _fit(self, batch: Batch, index: int) -> Batch:
+        """`batch` cut to what device `index` holds (its first items, in the scheduler's order); the
+        rest goes back to the queue for the next device."""
+        most_items, most_tokens = self.device_limits[index]
+        if not most_items and not most_tokens:
+            return batch
+        keep, tokens = 0, 0
+        for item in batch.items:
+            if keep and ((most_items and keep >= most_items) or (most_tokens and tokens + item.tokens > most_tokens)):
+                break
+            keep, tokens = keep + 1, tokens + item.tokens
+        if keep == len(batch.items):
+            return batch
+        self.scheduler.requeue(batch.items[keep:])
+        return Batch(batch.id, batch.channel, batch.model, batch.items[:keep], batch.formed_ns,
+                     min(batch.max_batch, most_items or batch.max_batch), tokens)
 
     def next_wakeup(self) -> int | None:
         """When the last step() wants to run again if nothing else happens first."""

@@ -72,7 +72,8 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
              window_policies: Mapping[str, Any] | None = None, sizers: Mapping[str, Any] | None = None,
              route: Router | None = None, routing: Any = None, plugins: Any = None,
              observe_every_ms: float = 1000.0, queue_lead_ms: float = 1.0,
-             max_events: int = 50_000_000, cache: Any = None, cache_rule: Any = None) -> SimResult:
+             max_events: int = 50_000_000, cache: Any = None, cache_rule: Any = None,
+             size_for_device: bool = False) -> SimResult:
     """Run `arrivals` through the daemon's engine on `devices` simulated devices.
 
     `device`: one DeviceModel for every device, or one per device (a mixed pool;
@@ -88,7 +89,10 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     `ResultCache` the engine answers from and fills, as the daemon's, keyed by
     (model, tenant, text) for arrivals with a `text`; `cache_rule`: the cache
     policy (a function of a `RequestInfo`, see the ``dynbatchd_cache_policies``
-    hook), default: frequency admission for every request.
+    hook), default: frequency admission for every request. `size_for_device`:
+    the engine cuts each batch to the memory limits (memory_items,
+    memory_tokens) of the device it goes to, as in a mixed pool whose devices'
+    sizes are known (else a batch too big runs out of memory and is bisected).
 
         >>> from dynbatchd.config import ChannelSettings
         >>> r = simulate({"standard": ChannelSettings(max_batch=32, window_ms=10)},
@@ -108,7 +112,8 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     first = trace[0].at_ns if trace else 0
     built = build_channels(dict(channels), window_policies, sizers)
     engine = Engine(built, [f"sim:{i}" for i in range(devices)], inflight=inflight,
-                    queue_lead_ns=int(queue_lead_ms * MS), now_ns=first, cache=cache)
+                    queue_lead_ns=int(queue_lead_ms * MS), now_ns=first, cache=cache,
+                    device_limits=[(m.memory_items, m.memory_tokens) for m in models] if size_for_device else None)
     for index in range(devices):
         engine.device_up(index)
     runners = [VirtualRunner(m) for m in models]
