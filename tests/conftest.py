@@ -37,6 +37,8 @@ def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_ext
                  devices_extra: str = "", devices: tuple[str, ...] = ("cpu",), cpu_threads: int = 2) -> RunningDaemon:
     """Write a config (endpoints in `tmp`, workers on `devices`) plus `body`, start dynbatchd, wait until it serves."""
     endpoint, control = f"ipc://{tmp}/req.sock", f"ipc://{tmp}/ctl.sock"
+    if "state_dir" not in daemon_extra:   # the sketch and the audit log stay out of the checkout
+        daemon_extra += f'\nstate_dir = "{tmp}/state"'
     config = textwrap.dedent(f"""
         [daemon]
         listen = "{endpoint}"
