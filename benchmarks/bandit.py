@@ -3,6 +3,7 @@
 
     python -m benchmarks.bandit            # phased trace and the Azure production trace
     python -m benchmarks.bandit --quick    # shorter traces, same shape
+    python -m benchmarks.bandit --tune     # also: tune --auto's search against the full grid
 
 Traces, devices and channels are those of benchmarks/adaptive.py (sections 1 and 3a): the best
 fixed setting is the best of its grid (max_batch 4/8/16/32 x window 10/50/100/200 ms) on the
@@ -80,15 +81,39 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def tune_vs_grid(trials: int = 30) -> str:
+    """The search `tune --auto` runs, on a channel whose running setting misses (600 rps of 200-token
+    requests, one device of 8 ms + 0.5 ms/request, max_batch 4 / 10 ms), against every setting of
+    its space (7 batch sizes x 8 windows x fixed/slo)."""
+    from dynbatchd import config as cfgmod
+    from dynbatchd.plugins import Plugins
+    from dynbatchd.simulate import DeviceModel
+    from dynbatchd.tuning.analyzer import ChannelModel
+    from dynbatchd.tuning.recommender import BATCHES, POLICIES, WINDOWS_MS, Evaluator, Setting, search
+
+    cfg = cfgmod.with_channel(cfgmod.load(adaptive.REPO / "etc" / "dynbatchd.toml"), "standard",
+                              max_batch=4, window_ms=10.0)
+    ev = Evaluator(cfg, ChannelModel("standard", DeviceModel(8.0, 0.5, 0.0), 1, 600.0, 200, 20.0), Plugins.load())
+    best, score, incumbent, now = search(ev, trials=trials, seed=1)
+    grid = {(b, w, p): ev(Setting(b, w, p)) for b in BATCHES for w in WINDOWS_MS for p in POLICIES}
+    top_rps, top = max((v.goodput_rps, k) for k, v in grid.items() if v is not None and v.on_time >= 0.99)
+    return (f"running {incumbent.as_dict()}: {100 * now.on_time:.1f}% on time, {now.goodput_rps:.1f} on-time rps\n"
+            f"search ({trials} trials): {best.as_dict()}: {100 * score.on_time:.1f}% on time, "
+            f"{score.goodput_rps:.1f} on-time rps, p99 {score.p99_ms:.0f} ms\n"
+            f"grid best of {len(grid)}: {top}: {top_rps:.1f} on-time rps; search / grid = {score.goodput_rps / top_rps:.3f}x")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="shorter traces, same shape")
+    ap.add_argument("--tune", action="store_true", help="also tune --auto's search against the full grid")
     args = ap.parse_args(argv)
     reg = Registry.load()
     if "bandit" not in reg.windows:
         sys.exit("the bandit window policy is not registered (reinstall: pip install -e .)")
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print(f"[{SIM}] python -m benchmarks.bandit{' --quick' if args.quick else ''} at commit {commit or '?'}")
+    flags = "".join(f" --{f}" for f in ("quick", "tune") if getattr(args, f))
+    print(f"[{SIM}] python -m benchmarks.bandit{flags} at commit {commit or '?'}")
     t0 = time.perf_counter()
     sections = [("phased trace, one simulated device", phased_rows(reg, args.quick)),
                 ("Azure conversation trace, one simulated device", azure_rows(reg, args.quick))]
@@ -99,6 +124,9 @@ def main(argv: list[str] | None = None) -> None:
         description, rows = found
         print(f"\n== {title} [{SIM}] ==\ntrace: {description}")
         print(table(rows))
+    if args.tune:
+        print(f"\n== tune --auto's search against the full grid [{SIM}] ==")
+        print(tune_vs_grid())
     print(f"\n{time.perf_counter() - t0:.1f} s")
 
 

@@ -8,7 +8,8 @@ a time (worst first, each with the earlier ones already retuned), and recommends
 requests on time (then of all requests, then a p99 at least 10% lower); the
 current setting stays when nothing beats it by that much. Candidates are
 checked by the same rules as a config file, compliance included. `--apply`
-applies them with `tune`. Every figure is SIMULATED.
+applies them with `tune`. Every figure is SIMULATED. It refuses until a channel has timed
+20 batches (the collector's rule). `tune --auto` is the full loop (risk, canary, history).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from dynbatchd.client import DynbatchdError, control_call
 from dynbatchd.config import ConfigError
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, simulate
+from dynbatchd.tuning.collector import MIN_BATCHES
 from dynbatchd.validation import validate_config
 
 SECOND = 1_000_000_000
@@ -54,7 +56,7 @@ def observed_traffic(channels: dict[str, Any], duration_s: float, seed: int) -> 
 
 def observed_device(channels: dict[str, Any]) -> DeviceModel | None:
     """The batch cost learned by the channel that ran the most batches."""
-    learned = [c for c in channels.values() if c.get("cost_ms", {}).get("samples", 0) >= 2]
+    learned = [c for c in channels.values() if c.get("cost_ms", {}).get("samples", 0) >= MIN_BATCHES]
     if not learned:
         return None
     cost = max(learned, key=lambda c: c["cost_ms"]["samples"])["cost_ms"]
@@ -86,7 +88,9 @@ def plan_channels(cfg: cfgmod.Config, status: dict[str, Any], duration_s: float,
     channels = status["channels"]
     device = observed_device(channels)
     if device is None:
-        raise ValueError("the daemon has not run enough batches to know their cost yet; try again under traffic")
+        most = max((c.get("cost_ms", {}).get("samples", 0) for c in channels.values()), default=0)
+        raise ValueError(f"the daemon has not run enough batches to know their cost yet: a channel needs "
+                         f"{MIN_BATCHES} timed batches (the most any has is {most}); try again under traffic")
     rate = sum(c.get("arrival_rps", 0.0) for c in channels.values())
     if rate <= 0:
         raise ValueError("no traffic observed in the last seconds; try again under traffic")
