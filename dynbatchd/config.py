@@ -236,6 +236,11 @@ class TopUsersSettings(Frozen, kw_only=True):
     save_every_s: Annotated[float, Meta(ge=1, le=86_400 * 7)] = 300.0
 
 
+class HttpSettings(Frozen, kw_only=True):
+    """The HTTP front door (the built-in plugin ``dynbatchd_plugins.http``): off while `listen` is empty."""
+    listen: str = ""
+
+
 class Config(Frozen, kw_only=True):
     daemon: DaemonSettings = msgspec.field(default_factory=DaemonSettings)
     devices: DeviceSettings = DeviceSettings()
@@ -245,6 +250,7 @@ class Config(Frozen, kw_only=True):
     compliance: ComplianceSettings = ComplianceSettings()
     cache: CacheSettings = CacheSettings()
     top_users: TopUsersSettings = TopUsersSettings()
+    http: HttpSettings = HttpSettings()
     plugins: dict[str, dict[str, Any]] = {}
     source: str = "<memory>"
 
@@ -345,6 +351,8 @@ def _check_references(cfg: Config) -> None:
                           "tcp://localhost:PORT or an ipc:// path (or set daemon.curve = true)")
     if not cfg.daemon.keys_dir:
         raise ConfigError(src, "daemon.keys_dir", "must name a directory")
+    if cfg.http.listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.http.listen):
+        raise ConfigError(src, "http.listen", f"{cfg.http.listen!r} is not HOST:PORT")
     if cfg.daemon.metrics_listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.daemon.metrics_listen):
         raise ConfigError(src, "daemon.metrics_listen", f"{cfg.daemon.metrics_listen!r} is not HOST:PORT")
     if isinstance(cfg.devices.use, str) and cfg.devices.use != "auto":

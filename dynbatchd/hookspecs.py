@@ -175,6 +175,27 @@ def dynbatchd_cache_policies() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
+# front doors
+# ---------------------------------------------------------------------------
+
+@hookspec
+def dynbatchd_front_doors() -> dict[str, Any]:
+    """Register front doors (other ways in than the ZeroMQ socket) by name.
+
+    Return ``{name: factory}``. At start the daemon calls ``factory(config,
+    daemon_api)`` for each; a factory returns None (not configured: off) or
+    an object with ``async start()`` and ``async stop()``, started once the
+    daemon serves and stopped after it drained. `daemon_api` is a
+    `dynbatchd.service.LocalDoor`: ``await api.infer(request)`` submits a
+    `dynbatchd.protocol.Request` through the same routing, compliance, cache
+    and engine as a ZeroMQ request and returns its answer (``code``,
+    ``message``, ``output``, ``timing``); ``api.state`` and ``api.models``
+    answer probes and metadata. The built-in ``http`` door serves the
+    OpenAI embeddings and KServe v2 protocols (``[http] listen``).
+    """
+
+
+# ---------------------------------------------------------------------------
 # model runners
 # ---------------------------------------------------------------------------
 

@@ -159,3 +159,6 @@ class Plugins:
 
     def cache_policies(self) -> dict[str, Any]:
         return self._registry(self.pm.hook.dynbatchd_cache_policies, "cache policy")
+
+    def front_doors(self) -> dict[str, Any]:
+        return self._registry(self.pm.hook.dynbatchd_front_doors, "front door")

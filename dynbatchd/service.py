@@ -31,14 +31,14 @@ from dynbatchd.control.server import ControlServer
 from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, fingerprint, freeze
 from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, detect_devices
-from dynbatchd.engine import OK, Engine, Job
+from dynbatchd.engine import OK, Answer, Engine, Job
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.metrics import serve as serve_metrics
 from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import build_channels
 from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE, TopUsers
-from dynbatchd.transport import FrontEnd
+from dynbatchd.transport import FrontEnd, validate as validate_request
 
 log = logging.getLogger("dynbatchd")
 
@@ -49,6 +49,44 @@ CLAIM_RULE = "tenant-not-of-key"           # CURVE on: the request claims a tena
 
 class StartupError(Exception):
     """The daemon cannot start (an address in use...): one line for the operator, exit status 1."""
+
+
+class LocalEnvelope(list):
+    """Where the answer of a request from an in-process front door goes: a future, not a socket.
+    Its one element stands for the client identity (unique per request), as a ZeroMQ envelope's."""
+    __slots__ = ("future",)
+
+    def settle(self, answer: Answer) -> None:
+        if not self.future.done():
+            self.future.set_result(answer)
+
+
+class LocalDoor:
+    """What a front-door plugin may use of the daemon (see ``dynbatchd_front_doors``)."""
+
+    def __init__(self, daemon: "Daemon"):
+        self._daemon = daemon
+        self._seq = 0
+
+    @property
+    def state(self) -> str:
+        return self._daemon.state
+
+    @property
+    def models(self) -> dict[str, Any]:
+        return dict(self._daemon.config.models)
+
+    def infer(self, request: P.Request) -> "asyncio.Future[Answer]":
+        """Submit `request` as if it came in over ZeroMQ; the future gets its one answer."""
+        self._seq += 1
+        envelope = LocalEnvelope([b"local:%d" % self._seq])
+        envelope.future = asyncio.get_running_loop().create_future()
+        problem = validate_request(request, [])
+        if problem:
+            envelope.settle(Answer(None, P.BAD_REQUEST, problem))
+        else:
+            self._daemon.on_request(envelope, request, [])
+        return envelope.future
 
 
 class Daemon(Operations):
@@ -161,11 +199,28 @@ class Daemon(Operations):
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.daemon.listen}\nMAINPID={os.getpid()}")
         log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
         saver = asyncio.ensure_future(self._save_top_users_periodically())
+        doors = await self._open_front_doors()
         await self._stop.wait()
         observer.cancel()
         saver.cancel()
         await self._drain()
+        for door in doors:
+            await door.stop()
         self.save_top_users()
+
+    async def _open_front_doors(self) -> list[Any]:
+        """Start every configured front-door plugin (``dynbatchd_front_doors``); one that fails to
+        start is logged and left out, the ZeroMQ front end serves on."""
+        api, doors = LocalDoor(self), []
+        for name, factory in self.plugins.front_doors().items():
+            try:
+                door = factory(self.config, api)
+                if door is not None:
+                    await door.start()
+                    doors.append(door)
+            except Exception as exc:
+                log.error("front door %s did not start: %s", name, exc)
+        return doors
 
     # -- the top-users sketch ---------------------------------------------------
     def top_users_path(self):
@@ -233,10 +288,10 @@ class Daemon(Operations):
             self._send([answer] if job and (answer := self.engine.cancel(job, self.clock())) else ())
             return
         if self.state not in ("serving", "unavailable"):
-            front.reject(envelope, request.id, P.SHUTTING_DOWN, "daemon is shutting down")
+            self._reject(envelope, request.id, P.SHUTTING_DOWN, "daemon is shutting down")
             return
         if request.model not in config.models:
-            front.reject(envelope, request.id, P.UNKNOWN_MODEL, f"no model named {request.model!r}")
+            self._reject(envelope, request.id, P.UNKNOWN_MODEL, f"no model named {request.model!r}")
             return
         tokens = P.estimate_tokens(request)
         info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
@@ -244,7 +299,8 @@ class Daemon(Operations):
         channel = self.plugins.channel_for(info, config)
         tenant = request.tenant
         if front.curve and config.compliance.key_tenants and config.channels[channel].isolated:
-            tenant, refusal = self._tenant_of_key(front.peer, request.tenant)
+            peer = None if isinstance(envelope, LocalEnvelope) else front.peer   # a front door has no key
+            tenant, refusal = self._tenant_of_key(peer, request.tenant)
             if refusal:
                 self._refuse(envelope, request.id, channel, request.tenant, *refusal)
                 return
@@ -286,17 +342,27 @@ class Daemon(Operations):
     def _refuse(self, envelope, request_id, channel: str, tenant: str | None, rule: str, reason: str) -> None:
         self.engine.refused(channel)
         self.audit.record(rule, "refused", channel, tenant, request_id)
-        self.front.reject(envelope, request_id, P.REFUSED, reason)
+        self._reject(envelope, request_id, P.REFUSED, reason)
 
     def _on_isolation(self, rule: str, action: str, job: Job) -> None:
         request = job.payload.request if isinstance(job.payload, Pending) else None
         self.audit.record(rule, action, job.channel, job.tenant, request.id if request is not None else None)
+
+    def _reject(self, envelope, request_id, code: str, message: str) -> None:
+        if isinstance(envelope, LocalEnvelope):
+            envelope.settle(Answer(None, code, message))
+        else:
+            self.front.reject(envelope, request_id, code, message)
 
     def _send(self, answers) -> None:
         """Each engine answer as a reply to its client (warmup inputs have none)."""
         reply = self.front.reply if self.front else None
         for answer in answers:
             envelope, request, _ = answer.payload
+            if isinstance(envelope, LocalEnvelope):
+                self._queued.pop((envelope[0], request.id), None)
+                envelope.settle(answer)
+                continue
             if envelope is None or reply is None:
                 continue
             self._queued.pop((envelope[0], request.id), None)

@@ -189,7 +189,7 @@ class CallableRunner(Runner):
         outputs = self.fn(inputs)
         if len(outputs) != len(inputs):
             raise ValueError(f"{self.options['target']} returned {len(outputs)} outputs for {len(inputs)} inputs")
-        return list(outputs)
+        return outputs if isinstance(outputs, np.ndarray) else list(outputs)   # an array: tensor replies
 
 
 class SentenceEmbeddingRunner(Runner):
