@@ -30,7 +30,7 @@ from dynbatchd.config import Config, state_path
 from dynbatchd.control.server import ControlServer
 from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, fingerprint, freeze
 from dynbatchd.devices.observer import observe_devices
-from dynbatchd.devices.pool import DevicePool, detect_devices
+from dynbatchd.devices.pool import DevicePool, device_names, pool_class
 from dynbatchd.engine import OK, Answer, Engine, Job
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.metrics import serve as serve_metrics
@@ -76,6 +76,10 @@ class LocalDoor:
     def models(self) -> dict[str, Any]:
         return dict(self._daemon.config.models)
 
+    @property
+    def max_request_bytes(self) -> int:
+        return self._daemon.config.daemon.max_request_bytes
+
     def infer(self, request: P.Request) -> "asyncio.Future[Answer]":
         """Submit `request` as if it came in over ZeroMQ; the future gets its one answer."""
         self._seq += 1
@@ -103,7 +107,7 @@ class Daemon(Operations):
         self.top_users = (TopUsers.load(self.top_users_path(), config.top_users.users,
                                         config.top_users.inputs_per_user) if config.top_users.users else None)
         self._top_users_saved = self.top_users.observed if self.top_users else 0
-        self.devices = detect_devices(config.devices.use)
+        self.devices = device_names(config.devices)
         channels = build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
                              queue_lead_ns=int(config.devices.queue_lead_ms * 1e6), cache=self.cache,
@@ -132,7 +136,7 @@ class Daemon(Operations):
         self.control.io.start(loop)
         watchdog = systemd.start_watchdog(loop)   # pings from this loop: a stuck loop gets restarted
         models = [P.ModelSpec(n, m.runner, dict(m.options)) for n, m in self.config.models.items()]
-        self.pool = DevicePool(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
+        self.pool = pool_class(self.config.devices)(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
                                ipc_dir=ipc_dir, restart_limit=self.config.devices.restart_limit,
                                on_result=self._on_result, on_lost=self._on_lost, on_ready=self._on_ready,
                                on_gone=self._on_gone, log_level=self.config.daemon.log_level)

@@ -21,6 +21,7 @@ error code maps to an HTTP status (`STATUS`); the body is ``{"error": {"code",
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from typing import Any
@@ -115,9 +116,17 @@ class HttpDoor:
         return {"value": x}
 
     async def _body(self, request: Any) -> dict[str, Any]:
+        """The JSON body, read only up to ``[daemon] max_request_bytes`` (as the ZeroMQ socket's bound)."""
+        limit = self.api.max_request_bytes
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HttpError(P.BAD_REQUEST, f"the body exceeds max_request_bytes ({limit})")
+            chunks.append(chunk)
         try:
-            body = await request.json()
-        except Exception:
+            body = json.loads(b"".join(chunks))
+        except ValueError:
             raise HttpError(P.BAD_REQUEST, "the body is not JSON")
         if not isinstance(body, dict):
             raise HttpError(P.BAD_REQUEST, "the body must be a JSON object")

@@ -89,6 +89,7 @@ def test_probes(daemon):
     ({"model": "echo", "input": "fail"}, {}, 500, "model_error"),
     ({"model": "enc", "input": "x"}, {"X-Deadline-Ms": "soon"}, 400, "bad_request"),
     ({"model": "enc", "input": "x"}, {"X-Tags": "banking"}, 403, "refused"),   # isolated channel, no tenant
+    ({"model": "enc", "input": "x" * (2 << 20)}, {}, 400, "bad_request"),      # past max_request_bytes
 ])
 def test_every_error_is_an_http_status_with_its_code(daemon, body, headers, status, code):
     got, reply, _ = call(daemon, "/v1/embeddings", body, headers)
