@@ -7,6 +7,8 @@ Unknown keys are errors, not silently ignored.
 
 from __future__ import annotations
 
+import importlib.util
+
 import errno
 import ipaddress
 import os
@@ -160,8 +162,18 @@ class DaemonSettings(Frozen, kw_only=True):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
 
+class RaySettings(Frozen, kw_only=True):
+    """Devices on Ray actors (dynbatchd.devices.ray_pool): gpus = N actors of one GPU each, or cpus = N CPU actors."""
+    address: str = "auto"
+    namespace: str = "dynbatchd"
+    gpus: Annotated[int, Meta(ge=0, le=4096)] = 0
+    cpus: Annotated[int, Meta(ge=0, le=4096)] = 0
+    cpus_per_actor: Annotated[float, Meta(ge=0, le=4096)] = 1.0
+
+
 class DeviceSettings(Frozen, kw_only=True):
     use: str | list[str] = "auto"
+    ray: RaySettings | None = None
     inflight: Annotated[int, Meta(ge=1, le=8)] = 2
     queue_lead_ms: Millis = 1.0
     cpu_threads: Annotated[int, Meta(ge=0, le=4096)] = 0
@@ -314,6 +326,14 @@ def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
     return cfg
 
 
+def _check_ray(src: str, devices: DeviceSettings) -> None:
+    ray = devices.ray
+    if (ray.gpus > 0) == (ray.cpus > 0):
+        raise ConfigError(src, "devices.ray", "needs exactly one of gpus = N (one actor per GPU) or cpus = N (CPU actors)")
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(src, "devices.ray", "needs Ray, which is not installed: pip install 'dynbatchd[ray]'")
+
+
 def _check_references(cfg: Config) -> None:
     src = cfg.source
     if not cfg.channels:
@@ -355,6 +375,8 @@ def _check_references(cfg: Config) -> None:
         raise ConfigError(src, "http.listen", f"{cfg.http.listen!r} is not HOST:PORT")
     if cfg.daemon.metrics_listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.daemon.metrics_listen):
         raise ConfigError(src, "daemon.metrics_listen", f"{cfg.daemon.metrics_listen!r} is not HOST:PORT")
+    if cfg.devices.ray is not None:
+        _check_ray(src, cfg.devices)
     if isinstance(cfg.devices.use, str) and cfg.devices.use != "auto":
         raise ConfigError(src, "devices.use", 'must be "auto" or a list such as ["cuda:0", "cpu"]')
     if isinstance(cfg.devices.use, list):

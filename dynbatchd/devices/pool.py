@@ -236,3 +236,24 @@ class DevicePool:
         w = self.workers[index]
         return {"name": w.name, "index": w.index, "pid": w.proc.pid if w.proc else 0, "state": w.state,
                 "restarts": w.restarts, "simulated": w.simulated}
+
+
+# -- the device kind a config asks for -------------------------------------
+def device_names(settings: Any) -> list[str]:
+    """The engine's device names for `[devices]`: local devices, or Ray actors (imported only then)."""
+    if getattr(settings, "ray", None) is not None:
+        from dynbatchd.devices.ray_pool import ray_device_names
+
+        return ray_device_names(settings.ray)
+    return detect_devices(settings.use)
+
+
+def pool_class(settings: Any) -> Callable[..., Any]:
+    """What builds the pool for `[devices]`: DevicePool, or a RayDevicePool with the `[devices] ray` settings."""
+    if getattr(settings, "ray", None) is not None:
+        import functools
+
+        from dynbatchd.devices.ray_pool import RayDevicePool
+
+        return functools.partial(RayDevicePool, ray=settings.ray)
+    return DevicePool
