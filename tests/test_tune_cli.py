@@ -51,7 +51,9 @@ def daemon(monkeypatch, tmp_path):
     config.write_text(shipped.replace("\n[daemon]\n", f'\n[daemon]\nstate_dir = "{tmp_path / "state"}"\n', 1))
     fake = FakeDaemon()
     monkeypatch.setattr(ctl, "control_call", fake)
-    fake.invoke = lambda *a: runner.invoke(ctl.app, ["--control", "ipc:///ctl", "--config", str(config), *a])
+    # --window 0: this fake's counters stand still, so its rate meter is the observation
+    fake.invoke = lambda *a: runner.invoke(ctl.app, ["--control", "ipc:///ctl", "--config", str(config), *a,
+                                                     *(["--window", "0"] if "--auto" in a else [])])
     return fake
 
 

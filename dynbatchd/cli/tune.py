@@ -127,6 +127,9 @@ def tune(ctx: typer.Context,
          canary_seconds: float = typer.Option(10.0, "--canary-seconds", min=1.0,
                                               help="With --auto: how long the canary runs."),
          seed: int = typer.Option(1, "--seed", help="With --auto: random seed (the loop is deterministic)."),
+         window: float = typer.Option(10.0, "--window", min=0.0,
+                                      help="With --auto: seconds of live traffic to observe (status read at "
+                                           "its start and end; 0: the daemon's rate meter)."),
          show_history: bool = typer.Option(False, "--history", help="Show the tuning history (of CHANNEL, "
                                            "else of all) instead of changing anything."),
          rollback: bool = typer.Option(False, "--rollback", help="Restore CHANNEL's settings from before "
@@ -163,7 +166,7 @@ def tune(ctx: typer.Context,
             raise fail(str(exc), 2) from None
         return run_loop(ctx, channel, wanted, dict(trials=trials, duration=duration, target=target,
                                                     threshold=risk_threshold, share=canary_share,
-                                                    seconds=canary_seconds, seed=seed), as_json)
+                                                    seconds=canary_seconds, seed=seed, window=window), as_json)
     if not changes:
         raise fail("give at least one setting, e.g. --window-ms 20 (or --auto, --history, --rollback)", 2)
     try:   # the ranges of a config file, here, so a value msgpack cannot even carry is one clear line
@@ -232,7 +235,13 @@ def run_loop(ctx: typer.Context, channel: str | None, wanted: dict[str, Any] | N
     """`tune --auto`: each named (else each busy) channel through the loop, one after another."""
     from dynbatchd.plugins import Plugins   # optuna and the simulator only when asked for
 
+    from dynbatchd.tuning.collector import over_window
+
     status, cfg = _call(ctx, "status"), _running(ctx)
+    if opts.get("window", 0) > 0:   # a measurement window, not a wait for something to happen
+        started = time.monotonic()
+        time.sleep(opts["window"])
+        status = over_window(status, _call(ctx, "status"), time.monotonic() - started)
     if channel is not None and channel not in cfg.channels:
         raise fail(f"no channel named {channel!r}", 1)
     names = [channel] if channel else [n for n in cfg.channels

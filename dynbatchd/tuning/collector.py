@@ -1,8 +1,10 @@
 """Collector: one channel's observations from the daemon's `status`, and a refusal when they are
 too few to tune from (a plan fitted to a handful of batches is a guess, and says so).
 
-The daemon measures the arrival rate over its rate meter's recent window and learns each
-channel's batch cost (`cost_ms`) from the batches it timed; `status` reports both."""
+The window: `tune --auto` reads `status` twice, `--window` seconds apart, and takes the offered
+rate and on-time share of that window (`over_window`); the batch cost (`cost_ms`) is what the
+daemon learned from the batches it timed. A single `status` (no window) falls back to the
+daemon's rate meter, which counts admitted arrivals only."""
 
 from __future__ import annotations
 
@@ -37,9 +39,25 @@ class Observation:
         return asdict(self)
 
 
+def over_window(before: dict[str, Any], after: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """`after` with each channel's arrival rate and on-time share measured between two `status`
+    replies `seconds` apart: the requests offered in the window (refused and overloaded ones
+    included, which the daemon's own rate meter, counting admitted arrivals, leaves out)."""
+    out = {**after, "channels": {}}
+    for name, c in after.get("channels", {}).items():
+        b = before.get("channels", {}).get(name, {})
+        offered = c.get("offered", 0) - b.get("offered", 0)
+        on_time = c.get("on_time_count", 0) - b.get("on_time_count", 0)
+        out["channels"][name] = {**c, "arrival_rps": offered / seconds if seconds > 0 else 0.0,
+                                 "on_time": on_time / offered if offered > 0 else c.get("on_time", 0.0),
+                                 "window_s": seconds}
+    return out
+
+
 def collect(status: dict[str, Any], channel: str, *, min_batches: int = MIN_BATCHES,
             min_requests: int = MIN_REQUESTS) -> Observation:
-    """The observations of `channel` in a `status` reply; NotEnoughData when they are too few."""
+    """The observations of `channel` in a `status` reply (or an `over_window` of two);
+    NotEnoughData when they are too few."""
     channels = status.get("channels", {})
     if channel not in channels:
         raise NotEnoughData(f"no channel named {channel!r} in the daemon's status")
