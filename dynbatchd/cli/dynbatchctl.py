@@ -242,6 +242,7 @@ CHANNEL_COLUMNS: list[tuple[str, int, Any]] = [
 ]
 DEVICE_COLUMNS: list[tuple[str, int, Any]] = [
     ("device", 0, lambda w: w["device"] + (" (simulated)" if w["simulated"] else "")),
+    ("where", 3, lambda w: f"{w['node']} actor {w['actor'][:12]}" if w.get("node") else "local"),
     ("pid", 5, lambda w: str(w["pid"])),
     ("state", 1, lambda w: w["state"]),
     ("in flight", 3, lambda w: str(w["inflight"])),
@@ -250,7 +251,7 @@ DEVICE_COLUMNS: list[tuple[str, int, Any]] = [
     ("busy", 2, lambda w: _pct(w["busy_fraction"])),
     ("restarts", 2, lambda w: str(w["restarts"])),
 ]
-LEFT = {"channel", "window", "device", "state"}
+LEFT = {"channel", "window", "device", "state", "where"}
 
 
 def fitted_table(title: str, columns: list[tuple[str, int, Any]], rows: list[tuple], console: Console,
