@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from dynbatchd import config as cfgmod
-from dynbatchd.cli.capacity import capacity
+from dynbatchd.cli.bench import bench
 from dynbatchd.cli.capacity import capacity
 from dynbatchd.cli.plan import plan
 from dynbatchd.cli.recommend import recommend
@@ -436,20 +436,18 @@ def warmup(ctx: typer.Context,
             _emit_json(data)
         reason = data.get("reason") or "no warmup plugin named any input (the daemon's log says why)"
         raise fail(f"nothing to warm up: {reason}", 1)
-    if as_json and not wait:
-        _emit_json(data)
-    elif not as_json:
+    if not as_json:
         out.print(f"queued {data['queued']} inputs for warmup in channel {data.get('channel', '?')} "
                   f"({data['already_cached']} already cached, backlog {data['backlog']})", highlight=False)
-    if wait and data.get("queued"):
+    if wait:
         channel = data["channel"]
-        done = follow(lambda cmd: _control(ctx, cmd), channel, data["queued"], warmed(status_before, channel),
-                      Console(stderr=True) if as_json else out)
-        data["warmed"] = done
-        if as_json:
-            _emit_json(data)
-        else:
+        data["warmed"] = done = follow(lambda cmd: _control(ctx, cmd), channel, data["queued"],
+                                       warmed(status_before, channel),
+                                       Console(stderr=True) if as_json else out) if data["queued"] else 0
+        if not as_json:
             out.print(f"warmed {done} of {data['queued']} inputs", highlight=False)
+    if as_json:
+        _emit_json(data)
 
 
 @app.command()
@@ -497,9 +495,9 @@ def keygen(name: str = typer.Argument("client", help="File name: NAME.key and NA
 app.command("plan")(plan)
 app.command("simulate")(simulate)
 app.command("capacity")(capacity)
-app.command("capacity")(capacity)
 app.command("recommend")(recommend)
 app.command("tune")(tune)
+app.command("bench")(bench)
 
 
 def main() -> None:
