@@ -13,23 +13,28 @@ import os
 import textwrap
 import tomllib
 
+import subprocess
+import sys
+
 import pytest
+from conftest import REPO, SIMULATED, TESTS, start_daemon, wait_until
 
-ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dynbatchd[ray]'): Ray devices untested")
+from dynbatchd import config as cfgmod, protocol as P
+from dynbatchd.client import Client
+from dynbatchd.config import ConfigError, RaySettings, parse
+from dynbatchd.devices.batches import decode_outcome
+from dynbatchd.devices.ray_pool import RayDevicePool, import_ray, ray_device_names
 
-from conftest import SIMULATED, TESTS, start_daemon, wait_until  # noqa: E402
-
-from dynbatchd import protocol as P  # noqa: E402
-from dynbatchd.client import Client  # noqa: E402
-from dynbatchd.config import ConfigError, RaySettings, parse  # noqa: E402
-from dynbatchd.devices.batches import decode_outcome  # noqa: E402
-from dynbatchd.devices.ray_pool import RayDevicePool, ray_device_names  # noqa: E402
+ray = None   # the module, once the `cluster` fixture has imported it
 
 MODELS = [P.ModelSpec("fast", "simulated", {"base_ms": 1.0}), P.ModelSpec("slow", "simulated", {"base_ms": 60_000.0})]
 
 
 @pytest.fixture(scope="module")
 def cluster():
+    global ray
+    ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'dynbatchd[ray]'): "
+                                            "Ray devices untested")
     # Actors import tests/helpers.py (the callable runner) like local workers do.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))
     ray.init(num_cpus=2, include_dashboard=False, object_store_memory=100 * 1024 * 1024,
@@ -85,6 +90,24 @@ def test_config_needs_exactly_one_kind_of_ray_device():
     assert load_config_text(base + "ray = { gpus = 4 }\n").devices.ray.gpus == 4
 
 
+def test_without_ray_a_config_asking_for_it_is_refused_saying_what_to_install(monkeypatch):
+    real = cfgmod.importlib.util.find_spec
+    monkeypatch.setattr(cfgmod.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"devices\.ray.*pip install 'dynbatchd\[ray\]'"):
+        load_config_text(textwrap.dedent(SIMULATED) + "\n[devices]\nray = { cpus = 1 }\n")
+    monkeypatch.setitem(sys.modules, "ray", None)   # `import ray` now raises ImportError
+    with pytest.raises(RuntimeError, match=r"pip install 'dynbatchd\[ray\]'"):
+        import_ray()
+
+
+def test_the_default_install_path_never_imports_ray():
+    code = ("import sys, dynbatchd.service, dynbatchd.cli.dynbatchctl, dynbatchd.devices.ray_pool; "
+            "print('ray' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert out.stdout.strip() == "False", out.stderr
+
+
 def test_an_actor_runs_a_batch_and_says_where_it_lives(cluster):
     rec = Recorder()
 
@@ -132,6 +155,24 @@ def test_an_actor_killed_mid_batch_is_reported_lost_once_and_replaced(cluster):
     assert 1 not in rec.results and 2 not in rec.results
     assert after["actor"] != first and after["restarts"] == 1 and after["state"] == "ready"
     assert rec.gone == []
+
+
+def test_an_actor_that_dies_idle_is_noticed_and_replaced(cluster):
+    rec = Recorder()
+
+    async def scenario():
+        pool = rec.pool()
+        await pool.start(timeout_s=120)
+        try:
+            first = pool.describe(0)["actor"]
+            ray.kill(ray.get_actor(pool.describe(0)["actor_name"]))   # no batch in flight
+            await until(lambda: rec.ready == [0, 0])
+            return first, pool.describe(0)
+        finally:
+            await pool.stop()
+
+    first, after = asyncio.run(scenario())
+    assert rec.lost == [0] and after["actor"] != first and after["state"] == "ready"
 
 
 def test_daemon_on_ray_answers_every_request_once_when_its_actor_is_killed(cluster, tmp_path):

@@ -14,8 +14,9 @@ without it building one fails with a message saying what to install. Actors
 are placed by Ray resource requests (`num_gpus=1` per GPU actor) and are
 never restarted by Ray itself (`max_restarts=0`): the pool replaces them,
 under the same `RestartBudget` as local workers. A dead actor is noticed by
-the calls in flight on it; an actor that dies idle is noticed by the next
-batch sent to it, whose call then fails and is retried elsewhere.
+the calls in flight on it, and, idle, by a `watch` call that never returns
+while it lives (in its own concurrency group, so batches still run one at a
+time).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from dynbatchd.devices.pool import RestartBudget
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = "pip install 'dynbatchd[ray]'"
+WATCH_GROUP = "watch"   # the actor's concurrency group for `watch`, beside the one that runs batches
 
 
 def import_ray() -> Any:
@@ -76,6 +78,13 @@ class RayWorker:
         return {"failure": self.failure, "pid": os.getpid(), "node": ray.util.get_node_ip_address(),
                 "actor": context.get_actor_id(), "device": self.setup.device, "models": list(self.runners),
                 "simulated": [n for n, r in self.runners.items() if r.simulated]}
+
+    def watch(self) -> None:
+        """Never returns (it runs in its own concurrency group): its call fails when the actor dies,
+        so the pool hears of a death even while no batch is in flight."""
+        import threading
+
+        threading.Event().wait()
 
     def run(self, frames: list[bytes]) -> list[bytes]:
         from dynbatchd.devices.execution import execute
@@ -138,7 +147,7 @@ class RayDevicePool:
             await asyncio.to_thread(ray.init, address=self.settings.address, namespace=self.settings.namespace,
                                     logging_level=logging.WARNING, log_to_driver=False)
             self._started_ray = True
-        self._remote = ray.remote(RayWorker)
+        self._remote = ray.remote(concurrency_groups={WATCH_GROUP: 1})(RayWorker)
         for worker in self.workers:
             self._spawn(worker)
         try:
@@ -184,12 +193,23 @@ class RayDevicePool:
             log.error("ray device %s failed to start: %s", worker.name, info["failure"])
             self._check_all_ready()
             return
+        self._track(self._watch(worker, actor, generation))
         worker.state, worker.simulated = "ready", bool(info["simulated"])
         worker.pid, worker.node, worker.actor_id = info["pid"], info["node"], info["actor"]
         log.info("ray device %s ready on node %s (actor %s, pid %d): %s", worker.name, worker.node,
                  worker.actor_id, worker.pid, ", ".join(info["models"]))
         self._check_all_ready()
         self.on_ready(worker.index)
+
+    async def _watch(self, worker: RayDevice, actor: Any, generation: int) -> None:
+        try:
+            await actor.watch.options(concurrency_group=WATCH_GROUP).remote()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if generation == worker.generation and not self._closing:
+                log.error("ray device %s lost its actor %s (%s)", worker.name, worker.actor_id, type(exc).__name__)
+                await self._lost(worker, generation)
 
     def _check_all_ready(self) -> None:
         if all(w.state == "ready" or w.failure for w in self.workers):
