@@ -78,7 +78,7 @@ def test_auto_promotes_a_better_setting_and_rollback_restores_the_old_one(daemon
 
 
 def test_a_planted_bad_candidate_is_refused_and_recorded(daemon):
-    result = daemon.invoke("tune", "--auto", "standard", "--candidate", "max_batch=1,window_ms=0")
+    result = daemon.invoke("tune", "--auto", "standard", "--candidate", "max_batch=1,window_ms=0", "--duration", "3")
     assert result.exit_code == 0, result.output
     assert "refused" in result.output and "below the target" in result.output
     assert not daemon.tunes

@@ -140,3 +140,20 @@ def test_history_keeps_every_step_and_the_settings_before_the_last_change(tmp_pa
     db.close()
     again = sqlite3.connect(tmp_path / "tuning.sqlite")   # on disk, for the next command
     assert again.execute("SELECT count(*) FROM tune_history").fetchone()[0] == 3
+
+
+def test_the_model_is_checked_against_live_bench_cells_only(overloaded):
+    from dynbatchd.tuning.analyzer import cells_error
+
+    cell = {"channel": "standard", "simulated": False, "load_kind": "open", "load": 600.0, "max_batch": 32,
+            "window_ms": 10.0, "policy": "fixed", "on_time": 0.9, "p99_ms": 100.0}
+    seen = []
+
+    def run_setting(max_batch, window_ms, policy, rate):
+        seen.append((max_batch, window_ms, policy, rate))
+        return 1.0, 50.0
+    assert cells_error(overloaded.model, [{**cell, "simulated": True}, {**cell, "load_kind": "closed"}],
+                       run_setting) is None
+    error = cells_error(overloaded.model, [cell], run_setting)
+    assert seen == [(32, 10.0, "fixed", 600.0)]
+    assert error == {"cells": 1, "on_time_error": 0.1, "p99_relative_error": 0.5}

@@ -280,6 +280,7 @@ def _tune_one(ctx: typer.Context, cfg: cfgmod.Config, status: dict[str, Any], na
     report.update(observation=observation.as_dict(), incumbent=incumbent.as_dict(),
                   incumbent_predicted=now.as_dict() if now else None,
                   fit_error=analyzer.fit_error(observation, now.on_time, now.p99_ms) if now else None)
+    report["bench_fit_error"] = _bench_fit(ctx, evaluate, name)
     if wanted is not None:
         chosen = recommender.Setting(wanted["max_batch"], wanted["window_ms"], wanted.get("policy", incumbent.policy))
         source = "planted with --candidate"
@@ -320,6 +321,26 @@ def _tune_one(ctx: typer.Context, cfg: cfgmod.Config, status: dict[str, Any], na
     return {**report, "outcome": "promoted", "reason": verdict.reason}
 
 
+def _bench_fit(ctx: typer.Context, evaluate: Any, name: str) -> dict[str, Any] | None:
+    """The model against this channel's live `bench` cells, if any (see analyzer.cells_error)."""
+    import dataclasses
+
+    from dynbatchd.tuning import analyzer, cells, recommender
+
+    try:
+        with _database(ctx) as db:
+            found = cells.query(db, channel=name, simulated=False, limit=50)
+    except Exception:   # noqa: BLE001 - no bench table (or an unreadable one): the fit stands on status alone
+        return None
+
+    def run_setting(max_batch: int, window_ms: float, policy: str, rate: float) -> tuple[float, float]:
+        model = dataclasses.replace(evaluate.model, rate_rps=rate)
+        again = recommender.Evaluator(evaluate.cfg, model, evaluate.plugins)
+        sc = again(recommender.Setting(max_batch, window_ms, policy))
+        return (sc.on_time, sc.p99_ms) if sc is not None else (0.0, 0.0)
+    return analyzer.cells_error(evaluate.model, found, run_setting)
+
+
 def _print_report(r: dict[str, Any]) -> None:
     name = escape(r["channel"])
     if r["outcome"] == "not_enough_data":
@@ -329,12 +350,14 @@ def _print_report(r: dict[str, Any]) -> None:
     inc, cand = r.get("incumbent_predicted") or {}, r.get("candidate_predicted") or {}
     out.print(f"[bold]{name}[/bold] [yellow]SIMULATED[/yellow]: observed {r['observation']['arrival_rps']:g} req/s, "
               f"{r['observation']['mean_tokens']:g} tokens; model fit error on time "
-              f"{100 * fe.get('on_time_error', 0):.2f} points, p99 {100 * fe.get('p99_relative_error', 0):.0f}%",
-              highlight=False)
+              f"{100 * fe.get('on_time_error', 0):.2f} points, p99 {100 * fe.get('p99_relative_error', 0):.0f}%"
+              + (f"; against {r['bench_fit_error']['cells']} live bench cells: on time "
+                 f"{100 * r['bench_fit_error']['on_time_error']:.2f} points" if r.get("bench_fit_error") else ""),
+              highlight=False, soft_wrap=True)
     table = Table(show_edge=False)
-    for col in ("", "max_batch", "window ms", "policy", "on time", "goodput req/s", "p99 ms", "device s"):
+    for col in ("", "batch", "window ms", "policy", "on time", "on-time rps", "p99 ms", "device s"):
         table.add_column(col, justify="left" if col in ("", "policy") else "right")
-    for label, s, p in (("running", r["incumbent"], inc), ("candidate", r["candidate"], cand)):
+    for label, s, p in (("running", r["incumbent"], inc), ("proposed", r["candidate"], cand)):
         table.add_row(label, str(s["max_batch"]), f"{s['window_ms']:g}", s["policy"],
                       f"{100 * p.get('on_time', 0):.2f}%" if p else "-", f"{p.get('goodput_rps', 0):.1f}" if p else "-",
                       f"{p.get('p99_ms', 0):.1f}" if p else "-", f"{p.get('device_s', 0):.2f}" if p else "-")

@@ -59,3 +59,24 @@ def fit_error(observation: Observation, on_time: float, p99_ms: float) -> dict[s
             "p99_error_ms": round(abs(p99 - observation.p99_ms), 3),
             "p99_relative_error": round(abs(p99 - observation.p99_ms) / observation.p99_ms, 4)
             if observation.p99_ms > 0 else 0.0}
+
+
+def cells_error(model: ChannelModel, cells: list[dict[str, Any]], run_setting: Any, limit: int = 5
+                ) -> dict[str, Any] | None:
+    """The model against `bench` cells measured live on this channel at an open-loop rate: each
+    cell is replayed at its rate and setting (`run_setting(max_batch, window_ms, policy, rate)`
+    returns the predicted (on-time share, p99 ms)), and the mean absolute errors reported.
+    None when there is no such cell (closed-loop and simulated cells say nothing of the device)."""
+    usable = [c for c in cells if c.get("channel") == model.channel and not c.get("simulated")
+              and c.get("load_kind") == "open" and c.get("load", 0) > 0 and c.get("on_time") is not None][:limit]
+    if not usable:
+        return None
+    on_time_err, p99_err = [], []
+    for c in usable:
+        on_time, p99 = run_setting(int(c["max_batch"]), float(c["window_ms"]), c.get("policy") or "fixed",
+                                   float(c["load"]))
+        on_time_err.append(abs(on_time - c["on_time"]))
+        if c.get("p99_ms"):
+            p99_err.append(abs(p99 - c["p99_ms"]) / c["p99_ms"])
+    return {"cells": len(usable), "on_time_error": round(sum(on_time_err) / len(on_time_err), 4),
+            "p99_relative_error": round(sum(p99_err) / len(p99_err), 4) if p99_err else None}
