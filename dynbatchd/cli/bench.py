@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -201,8 +202,8 @@ def bench(ctx: typer.Context,
     progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                         TextColumn("{task.fields[best]}"), console=err, transient=as_json, disable=as_json)
     try:
-        if live is not None:
-            signal.signal(signal.SIGTERM, on_term)
+        if live is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, on_term)   # (a handler can only be set from the main thread)
         with progress:
             task = progress.add_task(f"{label}bench {escape(channel)}", total=len(matrix), best="")
             for cell in matrix:
@@ -229,7 +230,8 @@ def bench(ctx: typer.Context,
         interrupted = f"failed: {exc}"
     finally:
         if live is not None:
-            signal.signal(signal.SIGTERM, previous)
+            if threading.current_thread() is threading.main_thread():
+                signal.signal(signal.SIGTERM, previous)
             try:
                 live.restore()
             except DynbatchdError as exc:
