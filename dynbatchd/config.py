@@ -329,7 +329,8 @@ def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
 def _check_ray(src: str, devices: DeviceSettings) -> None:
     ray = devices.ray
     if (ray.gpus > 0) == (ray.cpus > 0):
-        raise ConfigError(src, "devices.ray", "needs exactly one of gpus = N (one actor per GPU) or cpus = N (CPU actors)")
+        raise ConfigError(src, "devices.ray",
+                          "needs exactly one of gpus = N (one actor per GPU) or cpus = N (CPU actors)")
     if importlib.util.find_spec("ray") is None:
         raise ConfigError(src, "devices.ray", "needs Ray, which is not installed: pip install 'dynbatchd[ray]'")
 

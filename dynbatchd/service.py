@@ -136,10 +136,11 @@ class Daemon(Operations):
         self.control.io.start(loop)
         watchdog = systemd.start_watchdog(loop)   # pings from this loop: a stuck loop gets restarted
         models = [P.ModelSpec(n, m.runner, dict(m.options)) for n, m in self.config.models.items()]
-        self.pool = pool_class(self.config.devices)(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
-                               ipc_dir=ipc_dir, restart_limit=self.config.devices.restart_limit,
-                               on_result=self._on_result, on_lost=self._on_lost, on_ready=self._on_ready,
-                               on_gone=self._on_gone, log_level=self.config.daemon.log_level)
+        make_pool = pool_class(self.config.devices)   # local worker processes, or Ray actors
+        self.pool = make_pool(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
+                              ipc_dir=ipc_dir, restart_limit=self.config.devices.restart_limit,
+                              on_result=self._on_result, on_lost=self._on_lost, on_ready=self._on_ready,
+                              on_gone=self._on_gone, log_level=self.config.daemon.log_level)
         log.info("dynbatchd %s starting: devices %s, models %s", __version__, ", ".join(self.devices),
                  ", ".join(self.config.models))
         starting = asyncio.ensure_future(self.pool.start(timeout_s=600))
