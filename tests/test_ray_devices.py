@@ -195,3 +195,12 @@ def test_daemon_on_ray_answers_every_request_once_when_its_actor_is_killed(clust
         assert after["actor"] != first and after["restarts"] == 1
     finally:
         daemon.stop()
+
+
+def test_status_table_says_where_each_device_lives():
+    from dynbatchd.cli.dynbatchctl import DEVICE_COLUMNS
+
+    where = next(cell for header, _, cell in DEVICE_COLUMNS if header == "where")
+    ray_device = {"device": "ray:gpu0", "node": "10.0.0.7", "actor": "28bfff7654726583de02ca8501000000"}
+    assert where(ray_device) == "10.0.0.7 actor 28bfff765472"
+    assert where({"device": "cuda:0", "pid": 42}) == "local"
