@@ -258,9 +258,10 @@ def bench(ctx: typer.Context,
             out.print(f"best: max_batch={top['max_batch']} window_ms={top['window_ms']:g} at load {top['load']:g}: "
                       f"{top['qps']:.1f} QPS, {100 * (top['on_time'] or 0):.1f}% on time"
                       + (" (SIMULATED)" if simulated else ""), highlight=False, soft_wrap=True)
+        curves = {f"max_batch={b} window_ms={w:g}": c for (b, w), c in plots.curves(rows).items()}
         for name, knee in knees.items():
-            out.print(f"knee {name}: " + (f"load {knee['load']:g}, {knee['qps']:.1f} QPS" if knee else "none found"),
-                      highlight=False)
+            out.print(f"knee {name}: " + (f"load {knee['load']:g}, {knee['qps']:.1f} QPS" if knee
+                                          else "none found" + _why_no_knee(curves[name])), highlight=False)
         for kind, path in pictures.items():
             out.print(f"{kind}: {escape(path)}", highlight=False, soft_wrap=True)
         if live is not None and live.restored:
@@ -275,3 +276,13 @@ def bench(ctx: typer.Context,
 def _policy(cfg: cfgmod.Config, channel: str) -> str:
     window = cfg.channels[channel].window
     return window.policy if window is not None else "fixed"
+
+
+def _why_no_knee(curve: dict[str, Any]) -> str:
+    """A hint for a curve without a knee: already flat from the smallest load, or still rising."""
+    qps, loads = curve["qps"], curve["loads"]
+    if len(loads) < 3:
+        return " (fewer than 3 loads)"
+    if max(qps) <= qps[0] * 1.05:
+        return f" (flat: saturated at or below {loads[0]:g})"
+    return " (no lasting slope drop: not saturated in this range)"
