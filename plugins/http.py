@@ -8,7 +8,8 @@ proxy hop. Endpoints:
 
 - ``POST /v1/embeddings`` (OpenAI): ``{"model", "input": str | [str], "user"?}``.
 - ``POST /v2/models/{name}/infer`` (KServe v2): one BYTES input of texts
-  (or FP32/INT64 data with a shape), outputs as v2 tensors.
+  (or FP32/INT64 data with a shape), or several named inputs for a model of
+  several (a torchscript or exported program); outputs as v2 tensors.
 - ``GET /v2/models/{name}``, ``/v2/models/{name}/ready``, ``/v2/health/live``,
   ``/v2/health/ready``; ``/healthz`` (the process answers) and ``/readyz``
   (serving: 503 while starting or draining) for load balancers and probes.
@@ -168,11 +169,7 @@ class HttpDoor:
         name = request.path_params["name"]
         try:
             body = await self._body(request)
-            tensors = body.get("inputs")
-            if not isinstance(tensors, list) or len(tensors) != 1 or not isinstance(tensors[0], dict):
-                raise HttpError(P.BAD_REQUEST, "\"inputs\" must hold exactly one tensor")
-            tensor = tensors[0]
-            items = self._v2_items(tensor)
+            items = self._v2_requests(body.get("inputs"))
             meta = request_meta(request.headers)
             params = body.get("parameters") or {}
             if isinstance(params, dict) and isinstance(params.get("deadline_ms"), (int, float)):
@@ -187,6 +184,22 @@ class HttpDoor:
             out = {"name": "output", "datatype": V2_TYPES.get(str(stacked.dtype), "FP32"),
                    "shape": list(stacked.shape), "data": stacked.ravel().tolist()}
         return JSONResponse({"model_name": name, "id": body.get("id", ""), "outputs": [out]})
+
+    @classmethod
+    def _v2_requests(cls, tensors: Any) -> list[Any]:
+        """One input per request: the rows of the one tensor, or with several named tensors (a model
+        of several inputs, such as an exported program) a table {name: row} per request."""
+        if not isinstance(tensors, list) or not tensors or not all(isinstance(t, dict) for t in tensors):
+            raise HttpError(P.BAD_REQUEST, "\"inputs\" must be a non-empty list of tensors")
+        if len(tensors) == 1:
+            return cls._v2_items(tensors[0])
+        names = [t.get("name") for t in tensors]
+        if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+            raise HttpError(P.BAD_REQUEST, "several inputs need a \"name\" each, all different")
+        columns = [cls._v2_items(t) for t in tensors]
+        if len({len(c) for c in columns}) != 1:
+            raise HttpError(P.BAD_REQUEST, "every input must have the same first dimension (the batch)")
+        return [dict(zip(names, row)) for row in zip(*columns)]
 
     @staticmethod
     def _v2_items(tensor: dict[str, Any]) -> list[Any]:
@@ -213,8 +226,12 @@ class HttpDoor:
         models = self.api.models
         if name not in models:
             return self._error(HttpError(P.UNKNOWN_MODEL, f"no model named {name!r}"))
+        declared = models[name].options.get("inputs") if models[name].runner in ("torchscript", "exported") else None
+        inputs = ([{"name": i["name"], "datatype": V2_TYPES[i.get("dtype", "float32")],
+                    "shape": [-1, *(i.get("shape") or [])]} for i in declared] if declared
+                  else [{"name": "input", "datatype": "BYTES", "shape": [-1]}])
         return JSONResponse({"name": name, "platform": f"dynbatchd/{models[name].runner}", "versions": ["1"],
-                             "inputs": [{"name": "input", "datatype": "BYTES", "shape": [-1]}],
+                             "inputs": inputs,
                              "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, -1]}]})
 
     async def v2_model_ready(self, request: Any) -> Any:

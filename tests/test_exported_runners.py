@@ -208,3 +208,45 @@ def test_an_encoder_path_that_is_not_a_model_directory_is_a_config_error(tmp_pat
     with pytest.raises(ConfigError) as caught:
         validate_config(parse(tomllib.loads(text), "t.toml"), Plugins.load())
     assert caught.value.key == "models.m.options.path" and rule in caught.value.rule, str(caught.value)
+
+
+def test_kserve_v2_feeds_a_program_of_two_named_inputs_over_http(tmp_path, files):
+    import json
+    import urllib.request
+
+    from conftest import free_port
+
+    port = free_port()
+    body = f"""
+        [models.ts]
+        runner = "torchscript"
+        [models.ts.options]
+        path = "{files['traced']}"
+        batch_size = 4
+        inputs = [{{ name = "x", dtype = "float32", shape = [4] }}, {{ name = "shift", dtype = "int64" }}]
+        [channels.standard]
+        max_batch = 8
+        window_ms = 5
+        [http]
+        listen = "127.0.0.1:{port}"
+    """
+    items = rows(3, seed=21)
+
+    def call(path, payload=None):
+        data = json.dumps(payload).encode() if payload is not None else None
+        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return json.loads(reply.read())
+
+    with start_daemon(tmp_path, body):
+        meta = call("/v2/models/ts")
+        reply = call("/v2/models/ts/infer", {"inputs": [
+            {"name": "x", "datatype": "FP32", "shape": [3, 4], "data": [v for i in items for v in i["x"]]},
+            {"name": "shift", "datatype": "INT64", "shape": [3], "data": [i["shift"] for i in items]}]})
+    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]},
+                              {"name": "shift", "datatype": "INT64", "shape": [-1]}]
+    [out] = reply["outputs"]
+    assert out["shape"] == [3, 3]
+    np.testing.assert_allclose(np.asarray(out["data"], np.float32).reshape(3, 3), eager(files["tiny"], items),
+                               rtol=1e-5, atol=1e-6)
