@@ -30,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     out = Path(args.out or tempfile.mkdtemp(prefix="bench_matrix_"))
+    out.mkdir(parents=True, exist_ok=True)
     command = ["--config", args.config, "bench", "--simulated", "--channel", args.channel, "--duration-s",
                args.duration_s, "--warmup-s", args.warmup_s, "--db", str(out / "db.sqlite"), "--out", str(out),
                "--json"]

@@ -184,6 +184,7 @@ def bench(ctx: typer.Context,
         except (DynbatchdError, ValueError) as exc:
             raise fail(str(exc), 1) from None
     try:
+        Path(db_path).parent.mkdir(parents=True, exist_ok=True)
         db_conn = connect(db_path)
         cells.ensure_schema(db_conn)
     except (OSError, cells.sqlite3.Error) as exc:
