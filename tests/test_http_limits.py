@@ -96,3 +96,45 @@ def test_a_draining_daemon_is_not_ready_and_answers_new_requests_shutting_down(t
     finally:
         if daemon.proc.poll() is None:
             daemon.stop()
+
+
+def test_no_payload_from_an_http_request_reaches_the_log(tmp_path):
+    """Every HTTP error path with a unique marker in its payload; the daemon runs at debug."""
+    import uuid
+
+    marker = "zq" + uuid.uuid4().hex
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    body = """
+        [models.echo]
+        runner = "callable"
+        options = { target = "helpers:echo_or_fail" }
+        [channels.standard]
+        max_batch = 8
+        window_ms = 2
+        [http]
+        listen = "127.0.0.1:%d"
+    """ % port
+    daemon = start_daemon(tmp_path, body, daemon_extra='log_level = "debug"')
+    try:
+        sent = [
+            call(base + "/v1/embeddings", {"model": "echo", "input": [marker, "fail"]}),          # model_error
+            call(base + "/v1/embeddings", {"model": marker, "input": marker}),                   # unknown_model
+            call(base + "/v1/embeddings", {"model": "echo", "input": [1, marker]}),              # bad_request
+            call(base + "/v2/models/echo/infer", {"inputs": [{"name": marker, "datatype": "BYTES", "shape": [9],
+                                                              "data": [marker]}]}),
+            call(base + "/v1/embeddings", {"model": "echo", "input": marker}, {"X-Deadline-Ms": marker}),
+            call(base + "/v1/embeddings", {"model": "echo", "input": marker * 40_000}),           # over the bound
+        ]
+        assert [s for s, _, _ in sent] == [500, 404, 400, 400, 400, 400], sent
+        raw = urllib.request.Request(base + "/v1/embeddings", data=b"{" + marker.encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            urllib.request.urlopen(raw, timeout=30)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 400
+    finally:
+        assert daemon.stop() == 0
+    log = (tmp_path / "daemon.log").read_text(errors="replace")
+    assert "HTTP front door" in log, "the log is not the daemon's"
+    assert marker not in log and marker[:14] not in log and marker[-14:] not in log
