@@ -261,7 +261,7 @@ def _cache(page: _Page, cache: dict[str, Any] | None) -> None:
     for key, name, help_text in (
             ("hits", "dynbatchd_cache_hits_total", "Result-cache lookups that found an entry."),
             ("misses", "dynbatchd_cache_misses_total", "Result-cache lookups that found none."),
-            ("evictions", "dynbatchd_cache_evictions_total", "Entries dropped to make room (least recently used)."),
+            ("evictions", "dynbatchd_cache_evictions_total", "Entries dropped to make room (the loser of the admission comparison)."),
             ("admissions_refused", "dynbatchd_cache_admissions_refused_total",
              "Results not kept: asked less often than what they would replace, or a rare user's first ask."),
     ):
