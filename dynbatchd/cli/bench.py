@@ -136,6 +136,10 @@ def bench(ctx: typer.Context,
           as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Run the guide's test matrix (load × mix × max_batch × window) and record every cell.
 
+    Live, each cell retunes the channel through the control socket; its settings are restored at
+    the end, on an error and on Ctrl-C. --simulated runs on the engine instead (SIMULATED). Rows go
+    to STATE_DIR/tuning.sqlite; pictures and the knee of each QPS-vs-load curve to --out.
+
     Example: dynbatchctl bench --simulated --quick;  dynbatchctl bench --channel standard
     --concurrency 50,100 --max-batch 8,16 --window-ms 10,50;  dynbatchctl bench --history --json
     """
