@@ -233,7 +233,7 @@ def test_warmup_wait_follows_the_channel_until_every_input_ran(monkeypatch):
 def test_the_page_does_not_say_every_command_talks_to_the_control_socket():
     page = " ".join((REPO / "man" / "dynbatchctl.1.rst").read_text().split())
     assert "every other command talks to its control socket" not in page
-    assert "**plan** and **simulate** talk to no daemon at all" in page
+    assert "**plan**, **simulate** and **capacity** talk to no daemon at all" in page
 
 
 def test_memory_gb_wins_over_nvml_in_the_code_and_the_page(monkeypatch):
