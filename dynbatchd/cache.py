@@ -124,6 +124,10 @@ class ResultCache:
         if store == NEVER:
             return
         size = self.sizeof(key, output)
+        if self.max_bytes and size > self.max_bytes:   # never fits: refused, and a stale old value goes too
+            self._drop(key)
+            self.refused += 1
+            return
         for space in (self._main, self._window):
             old = space.pop(key, None)
             if old is not None:   # a refresh: the new value, in the place of the old
@@ -133,7 +137,7 @@ class ResultCache:
                 space[key] = (output, size)
                 self._fit_total()
                 return
-        if (self.max_bytes and size > self.max_bytes) or (store == AGAIN and self.sketch.estimate(key) < 2):
+        if store == AGAIN and self.sketch.estimate(key) < 2:
             self.refused += 1
             return
         self.bytes += size
@@ -151,6 +155,14 @@ class ResultCache:
             self._admit(candidate, csize)
         if self._over():   # one window entry larger than the window's byte share
             self._fit_total()
+
+    def _drop(self, key: Hashable) -> None:
+        for space in (self._main, self._window):
+            old = space.pop(key, None)
+            if old is not None:
+                self.bytes -= old[1]
+                if space is self._window:
+                    self._bytes_window -= old[1]
 
     def _over(self) -> bool:
         return len(self) > self.capacity or bool(self.max_bytes and self.bytes > self.max_bytes)

@@ -64,6 +64,14 @@ def test_an_entry_larger_than_the_byte_bound_is_refused():
     assert ("m", None, "big") not in cache and cache.refused == 1 and cache.bytes == 0
 
 
+def test_a_refresh_too_large_for_the_byte_bound_drops_the_stale_value():
+    cache = ResultCache(10, max_bytes=100)
+    key = ("m", None, "grows")
+    cache.put(key, value(10), ALWAYS)
+    cache.put(key, value(1_000), ALWAYS)        # the new result cannot be kept; the old one is stale
+    assert key not in cache and cache.bytes == 0 and cache.refused == 1
+
+
 def test_again_keeps_only_what_was_asked_before():
     cache = ResultCache(100)
     rare = ("m", None, "a rare user's one-off")
