@@ -160,6 +160,18 @@ def unbatched(channels: Mapping[str, Any]) -> dict[str, Any]:
             for name, c in channels.items()}
 
 
+class Unattainable(ValueError):
+    """A channel misses its target however many devices there are (its requests alone outlast its deadline)."""
+
+
+def _why_not(trial: Trial, targets: Mapping[str, float]) -> str:
+    missed = [f"{name} reaches {v:.2%} on time (target {targets[name]:.2%})"
+              for name, v in trial.on_time.items() if v < targets.get(name, 0.0)]
+    return (f"no pool size helps: with {trial.devices} devices as with half as many, " + "; ".join(missed)
+            + ": some of its requests take longer than its deadline even alone on this device "
+              "(a faster profile, a lower target, or routing long requests elsewhere)")
+
+
 def smallest_pool(channels: Mapping[str, Any], arrivals: list[Arrival], model: DeviceModel,
                   targets: Mapping[str, float], *, limit: int = 4096, **sim: Any) -> tuple[int, list[Trial], SimResult]:
     """The fewest devices whose simulated run holds every channel's target (a channel with no
@@ -177,6 +189,8 @@ def smallest_pool(channels: Mapping[str, Any], arrivals: list[Arrival], model: D
 
     lo, hi = 0, 1                      # lo: known to fail (0 devices always does), hi: to try
     while not holds(hi):
+        if len(trials) >= 2 and trials[-1].on_time == trials[-2].on_time:
+            raise Unattainable(_why_not(trials[-1], targets))   # doubling the pool changed nothing
         lo, hi = hi, hi * 2
         if hi > limit:
             raise ValueError(f"no pool of up to {limit} devices holds the targets")
