@@ -184,8 +184,11 @@ def dynbatchd_front_doors() -> dict[str, Any]:
 
     Return ``{name: factory}``. At start the daemon calls ``factory(config,
     daemon_api)`` for each; a factory returns None (not configured: off) or
-    an object with ``async start()`` and ``async stop()``, started once the
-    daemon serves and stopped after it drained. `daemon_api` is a
+    an object with ``async start()`` and ``async stop()``, started with the
+    daemon's other addresses (before the models load: ``api.state`` is
+    ``"starting"`` until they have; a start that raises OSError stops the
+    daemon's start, naming the door's ``listen`` attribute if it has one)
+    and stopped after the daemon drained. `daemon_api` is a
     `dynbatchd.service.LocalDoor`: ``await api.infer(request)`` submits a
     `dynbatchd.protocol.Request` through the same routing, compliance, cache
     and engine as a ZeroMQ request and returns its answer (``code``,

@@ -88,6 +88,8 @@ class LocalDoor:
         problem = validate_request(request, [])
         if problem:
             envelope.settle(Answer(None, P.BAD_REQUEST, problem))
+        elif self._daemon.state == "starting":   # the door opens before the models load (probes)
+            envelope.settle(Answer(None, P.UNAVAILABLE, "daemon is starting: its models are still loading"))
         else:
             self._daemon.on_request(envelope, request, [])
         return envelope.future
@@ -123,6 +125,7 @@ class Daemon(Operations):
         self.pool: DevicePool | None = None
         self.control: ControlServer | None = None
         self._queued: dict[tuple[bytes, Any], Job] = {}   # (client identity, request id) -> job, for cancel
+        self._doors: list[Any] = []   # started front-door plugins (dynbatchd_front_doors)
 
     # -- lifecycle ----------------------------------------------------------
     async def run(self) -> int:
@@ -164,7 +167,8 @@ class Daemon(Operations):
         return code
 
     async def _bind(self, ctx: zmq.Context) -> Any:
-        """Bind the control, request and metrics addresses; StartupError names the one that failed.
+        """Bind the control, request and metrics addresses and start the front-door plugins (so their
+        probes answer while the models load); StartupError names the one that failed.
 
         With ``[daemon] curve`` on, the ZAP handler (`CurveServer`) starts first, so no tcp://
         socket ever takes a handshake unchecked; the control socket's ipc:// file is mode 0660.
@@ -173,7 +177,7 @@ class Daemon(Operations):
         from dynbatchd.transport import CurveServer
 
         daemon = self.config.daemon
-        where, curve = "daemon.keys_dir", None
+        where, curve, metrics = "daemon.keys_dir", None, None
         try:
             self.curve = curve = CurveServer.for_settings(ctx, daemon)
             where = daemon.control
@@ -181,8 +185,18 @@ class Daemon(Operations):
             where = daemon.listen
             self.front = FrontEnd(ctx, daemon.listen, daemon.max_request_bytes, self.on_request, curve=curve)
             where = f"metrics {daemon.metrics_listen}"
-            return await serve_metrics(daemon.metrics_listen, self.metrics_page) if daemon.metrics_listen else None
+            metrics = await serve_metrics(daemon.metrics_listen, self.metrics_page) if daemon.metrics_listen else None
+            api = LocalDoor(self)
+            for name, factory in self.plugins.front_doors().items():
+                door = factory(self.config, api)
+                if door is not None:
+                    where = f"{name} {getattr(door, 'listen', '')}".strip()
+                    await door.start()
+                    self._doors.append(door)
+            return metrics
         except (zmq.ZMQError, OSError, KeyFileError) as exc:
+            if metrics is not None:
+                metrics.close()
             for part in (self.front, self.control):
                 if part is not None:
                     part.io.sock.close(linger=0)
@@ -204,28 +218,11 @@ class Daemon(Operations):
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.daemon.listen}\nMAINPID={os.getpid()}")
         log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
         saver = asyncio.ensure_future(self._save_top_users_periodically())
-        doors = await self._open_front_doors()
         await self._stop.wait()
         observer.cancel()
         saver.cancel()
         await self._drain()
-        for door in doors:
-            await door.stop()
         self.save_top_users()
-
-    async def _open_front_doors(self) -> list[Any]:
-        """Start every configured front-door plugin (``dynbatchd_front_doors``); one that fails to
-        start is logged and left out, the ZeroMQ front end serves on."""
-        api, doors = LocalDoor(self), []
-        for name, factory in self.plugins.front_doors().items():
-            try:
-                door = factory(self.config, api)
-                if door is not None:
-                    await door.start()
-                    doors.append(door)
-            except Exception as exc:
-                log.error("front door %s did not start: %s", name, exc)
-        return doors
 
     # -- the top-users sketch ---------------------------------------------------
     def top_users_path(self):
@@ -277,6 +274,8 @@ class Daemon(Operations):
             log.info("drain finished in %.1f s: every accepted request answered", took)
 
     async def _close(self, ipc_dir: str) -> None:
+        for door in self._doors:   # after the drain: every request they brought in was answered
+            await door.stop()
         if self.pool:
             await self.pool.stop()
         for part in (self.front, self.control):

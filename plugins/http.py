@@ -76,6 +76,7 @@ def output_array(answer: Any) -> np.ndarray | Any:
 
 class HttpDoor:
     def __init__(self, listen: str, api: Any):
+        self.listen = listen   # the daemon names it if the door cannot start
         self.host, _, port = listen.rpartition(":")
         self.port = int(port)
         self.api = api

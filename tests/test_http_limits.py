@@ -138,3 +138,14 @@ def test_no_payload_from_an_http_request_reaches_the_log(tmp_path):
     log = (tmp_path / "daemon.log").read_text(errors="replace")
     assert "HTTP front door" in log, "the log is not the daemon's"
     assert marker not in log and marker[:14] not in log and marker[-14:] not in log
+
+
+def test_an_http_address_in_use_stops_the_start_naming_it(tmp_path):
+    import socket
+
+    import pytest
+
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=rf"http 127\.0\.0\.1:{port}: address already in use"):
+            start_daemon(tmp_path, SLOW.format(base_ms=1.0, port=port), ready_timeout=60)
