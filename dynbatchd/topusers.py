@@ -68,9 +68,9 @@ class TopUsers:
         key = (tenant, user)
         entry = self._users.get(key)
         if entry is None:
-            entry = self._users[key] = [self.floor, self.floor, {}]
-            if len(self._users) > self.limit * SLACK:
+            if len(self._users) >= self.limit * SLACK:   # before the newcomer, so it is always counted
                 self._prune()
+            entry = self._users[key] = [self.floor, self.floor, {}]
         entry[0] += 1
         inputs = entry[2]
         asked = (model, text)
@@ -106,12 +106,11 @@ class TopUsers:
         path = Path(path)
         partial = path.with_name(path.name + ".partial")
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
+        with os.fdopen(fd, "wb") as file:   # (a plain os.write may write only part of a large sketch)
             os.fchmod(fd, 0o600)   # an older file of the same name may have been more open
-            os.write(fd, data)
+            file.write(data)
+            file.flush()
             os.fsync(fd)
-        finally:
-            os.close(fd)
         os.replace(partial, path)
 
     @classmethod

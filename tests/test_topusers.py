@@ -65,3 +65,12 @@ def test_a_corrupt_or_missing_file_starts_a_new_sketch(tmp_path, caplog):
     with caplog.at_level("WARNING"):
         assert len(TopUsers.load(path)) == 0
     assert "unreadable" in caplog.text and "secret-payload" not in caplog.text
+
+
+def test_a_newcomer_that_triggers_the_prune_is_still_counted():
+    sketch = TopUsers(users=4)
+    for i in range(5):                      # 5 = 4 x SLACK users held: the next newcomer prunes first
+        sketch.observe(None, f"u{i}", "m", "x")
+    sketch.observe(None, "newcomer", "m", "hello")
+    assert sketch.count("newcomer") == sketch.floor + 1 and len(sketch) <= 5
+    assert ("m", "hello") in dict(((t, u), i) for t, u, _, i in sketch.top(10))[(None, "newcomer")]
