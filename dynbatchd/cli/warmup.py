@@ -27,7 +27,7 @@ def follow(call: Call, channel: str, queued: int, before: int, out: Console, *, 
            timeout_s: float = 3600.0) -> int:
     """Poll the daemon until `queued` warmup inputs have run in `channel` (or the backlog is gone
     and nothing moves any more); the number that ran."""
-    done, deadline = 0, time.monotonic() + timeout_s
+    done, deadline, printed = 0, time.monotonic() + timeout_s, -1.0
     columns = (TextColumn("warming"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=out, transient=False, disable=not out.is_terminal) as bar:
         task = bar.add_task("warmup", total=queued)
@@ -35,8 +35,9 @@ def follow(call: Call, channel: str, queued: int, before: int, out: Console, *, 
             status = call("status")
             done = min(queued, warmed(status, channel) - before)
             bar.update(task, completed=done)
-            if not out.is_terminal:
-                out.print(f"warmed {done}/{queued}", highlight=False)
+            if not out.is_terminal and (done == queued or time.monotonic() - printed >= 1.0):
+                out.print(f"warmed {done}/{queued}", highlight=False)   # a log line a second, not a frame
+                printed = time.monotonic()
             cache = status.get("cache") or {}
             if done < queued and not cache.get("warmup_backlog") and status["daemon"]["state"] != "serving":
                 break   # the daemon is stopping: it dropped the backlog
