@@ -134,11 +134,15 @@ class HttpDoor:
             raise HttpError(P.BAD_REQUEST, "the body must be a JSON object")
         return body
 
-    def _error(self, exc: HttpError) -> Any:
+    def _error(self, exc: HttpError, *, v2: bool = False) -> Any:
+        """The error body of the protocol asked: KServe v2 has ``{"error": string}`` (its clients read
+        a string; ``code`` rides beside it), OpenAI ``{"error": {"code", "message"}}``."""
         from starlette.responses import JSONResponse
 
         headers = {"Retry-After": "1"} if exc.code in (P.OVERLOADED, P.SHUTTING_DOWN, P.UNAVAILABLE) else None
-        return JSONResponse({"error": {"code": exc.code, "message": exc.message}},
+        body = ({"error": exc.message, "code": exc.code} if v2
+                else {"error": {"code": exc.code, "message": exc.message}})
+        return JSONResponse(body,
                             status_code=STATUS.get(exc.code, 500), headers=headers)
 
     async def embeddings(self, request: Any) -> Any:
@@ -177,7 +181,7 @@ class HttpDoor:
                 meta.setdefault("deadline_ms", float(params["deadline_ms"]))
             outputs = await self._infer_all(name, items, meta)
         except HttpError as exc:
-            return self._error(exc)
+            return self._error(exc, v2=True)
         stacked = np.stack([np.asarray(o) for o in outputs]) if outputs and not isinstance(outputs[0], str) else None
         if stacked is None:
             out = {"name": "output", "datatype": "BYTES", "shape": [len(outputs)], "data": list(outputs)}
@@ -226,7 +230,7 @@ class HttpDoor:
         name = request.path_params["name"]
         models = self.api.models
         if name not in models:
-            return self._error(HttpError(P.UNKNOWN_MODEL, f"no model named {name!r}"))
+            return self._error(HttpError(P.UNKNOWN_MODEL, f"no model named {name!r}"), v2=True)
         declared = models[name].options.get("inputs") if models[name].runner in ("torchscript", "exported") else None
         inputs = ([{"name": i["name"], "datatype": V2_TYPES[i.get("dtype", "float32")],
                     "shape": [-1, *(i.get("shape") or [])]} for i in declared] if declared
@@ -240,7 +244,7 @@ class HttpDoor:
 
         name = request.path_params["name"]
         if name not in self.api.models:
-            return self._error(HttpError(P.UNKNOWN_MODEL, f"no model named {name!r}"))
+            return self._error(HttpError(P.UNKNOWN_MODEL, f"no model named {name!r}"), v2=True)
         ready = self.api.state == "serving"
         return JSONResponse({"name": name, "ready": ready}, status_code=200 if ready else 503)
 

@@ -1,5 +1,5 @@
-"""The HTTP front door under the daemon's limits, end to end over real HTTP: a deadline header that
-cannot be met is 504, a full queue is 429 with Retry-After (every request still answered once), and
+"""The HTTP front door under the daemon's limits, end to end over real HTTP: a deadline header (or
+KServe parameter) that cannot be met is 504, a full queue is 429 with Retry-After (every request still answered once), and
 a draining daemon is not ready (503) and answers new requests shutting_down (503, Retry-After)
 while it finishes the ones it accepted."""
 
@@ -61,6 +61,12 @@ def test_deadline_header_and_overload_statuses(tmp_path):
     try:
         status, body, _ = call(base + "/v1/embeddings", {"model": "slow", "input": "x"}, {"X-Deadline-Ms": "0.001"})
         assert (status, body["error"]["code"]) == (504, "deadline_exceeded"), body
+        v2 = {"inputs": [{"name": "t", "datatype": "BYTES", "shape": [1], "data": ["x"]}],
+              "parameters": {"deadline_ms": 0.001}}
+        status, body, _ = call(base + "/v2/models/slow/infer", v2)   # KServe: the deadline as a parameter
+        assert (status, body["code"]) == (504, "deadline_exceeded") and isinstance(body["error"], str), body
+        status, body, _ = call(base + "/v2/models/nope/infer", v2)
+        assert (status, body["code"]) == (404, "unknown_model") and "nope" in body["error"], body
         got = in_parallel(30, lambda: call(base + "/v1/embeddings", {"model": "slow", "input": "x"}))
         statuses = [s for s, _, _ in got]
         assert set(statuses) <= {200, 429} and statuses.count(429) > 0 and statuses.count(200) >= 4, statuses
