@@ -231,10 +231,12 @@ class HttpDoor:
         models = self.api.models
         if name not in models:
             return self._error(HttpError(P.UNKNOWN_MODEL, f"no model named {name!r}"), v2=True)
-        declared = models[name].options.get("inputs") if models[name].runner in ("torchscript", "exported") else None
-        inputs = ([{"name": i["name"], "datatype": V2_TYPES[i.get("dtype", "float32")],
-                    "shape": [-1, *(i.get("shape") or [])]} for i in declared] if declared
-                  else [{"name": "input", "datatype": "BYTES", "shape": [-1]}])
+        if models[name].runner in ("torchscript", "exported"):   # the inputs its options declare
+            declared = models[name].options.get("inputs") or [{"name": "input", "dtype": "float32"}]
+            inputs = [{"name": i["name"], "datatype": V2_TYPES[i.get("dtype", "float32")],
+                       "shape": [-1, *(i.get("shape") or [])]} for i in declared]
+        else:
+            inputs = [{"name": "input", "datatype": "BYTES", "shape": [-1]}]
         return JSONResponse({"name": name, "platform": f"dynbatchd/{models[name].runner}", "versions": ["1"],
                              "inputs": inputs,
                              "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, -1]}]})

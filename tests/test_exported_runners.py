@@ -239,7 +239,13 @@ def test_kserve_v2_feeds_a_program_of_two_named_inputs_over_http(tmp_path, files
         with urllib.request.urlopen(request, timeout=60) as reply:
             return json.loads(reply.read())
 
+    body += f"""
+        [models.ep]
+        runner = "exported"
+        options = {{ path = "{files['one_file']}" }}
+    """
     with start_daemon(tmp_path, body):
+        assert call("/v2/models/ep")["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1]}]
         meta = call("/v2/models/ts")
         reply = call("/v2/models/ts/infer", {"inputs": [
             {"name": "x", "datatype": "FP32", "shape": [3, 4], "data": [v for i in items for v in i["x"]]},
