@@ -141,3 +141,10 @@ def test_a_target_no_pool_can_hold_is_reported_with_the_channel_not_searched_for
     channels = {"only": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=5)}
     with pytest.raises(cap.Unattainable, match="only reaches 0.00% on time"):
         cap.size(channels, ARRIVALS[:200], PROFILE, TARGETS, batching=True)
+
+
+def test_plan_takes_a_device_profiles_memory():
+    result = CliRunner().invoke(app, ["plan", "--config", SHIPPED, "--profile", "l4-24gb", "--json"])
+    assert result.exit_code == 0, result.output
+    device = json.loads(result.output)["device"]
+    assert device["total_bytes"] == 24 * 2**30 and device["source"] == "profile l4-24gb: memory_gb"

@@ -46,7 +46,8 @@ def build(config: Path | None, requests_per_day: str, peak_factor: float, durati
     traffic = cap.Traffic(cap.parse_count(requests_per_day), peak_factor, duration, urgent_share, tokens, trace, seed)
     targets = cap.targets_for(cfg.channels, target, priority_target)
     sim = dict(inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms, routing=cfg.routing,
-               plugins=plugins, window_policies=plugins.window_policies(), sizers=plugins.batch_sizers())
+               plugins=plugins, window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(),
+               size_for_device=True)   # batches cut to the profile's memory limits, as a sized pool is
     plans = [cap.plan(cfg.channels, traffic, cap.load_profile(p), targets, **sim).as_dict()
              for p in ([profile] + ([compare] if compare else []))]
     data: dict[str, Any] = {

@@ -105,8 +105,19 @@ def channel_rows(cfg: cfgmod.Config | None, mp: MemoryPlan) -> list[dict[str, An
 
 
 def build_plan(config: Path | None, model: str | None, memory_gb: float | None, seq_len: int | None,
-               dtype: str | None, headroom: float, reserve_gb: float | None, gpu: int) -> dict[str, Any]:
-    """Everything `plan` prints, as data."""
+               dtype: str | None, headroom: float, reserve_gb: float | None, gpu: int,
+               profile: str | None = None) -> dict[str, Any]:
+    """Everything `plan` prints, as data. `profile`: a device profile (`dynbatchd.capacity`) whose
+    memory_gb stands in for --memory-gb, so a mixed pool is planned one device kind at a time."""
+    from_profile = None
+    if profile is not None and memory_gb is None:
+        from dynbatchd.capacity import load_profile
+
+        try:
+            from_profile = load_profile(profile)
+        except cfgmod.ConfigError as exc:
+            raise PlanError(str(exc)) from None
+        memory_gb = from_profile.memory_gb
     path = cfgmod.find_config(config)
     try:
         cfg = cfgmod.load(path) if path is not None else None
@@ -122,6 +133,8 @@ def build_plan(config: Path | None, model: str | None, memory_gb: float | None, 
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     data = mp.as_dict()
+    if from_profile is not None:
+        device.update(name=from_profile.name, source=f"profile {from_profile.name}: memory_gb")
     return {"config": str(path) if path else None, "model": data.pop("dims"), "device": device,
             "memory": data, "channels": channel_rows(cfg, mp)}
 
@@ -174,11 +187,14 @@ def plan(ctx: typer.Context,
          reserve_gb: Optional[float] = typer.Option(None, "--reserve-gb", min=0.0,
                                                     help="Activation/workspace reserve in GiB (default: min(1, 5% of total))."),
          gpu: int = typer.Option(0, "--gpu", min=0, help="NVML index of the GPU to plan for."),
+         profile: Optional[str] = typer.Option(None, "--profile",
+                                               help="Device profile (h100-80gb, l4-24gb, cpu-16core or a TOML "
+                                                    "file) whose memory to plan for; --memory-gb wins."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Max batch per channel for a model on a device, from the model's config.json, with the arithmetic shown."""
     config = config or getattr(ctx.obj, "config", None)   # the global dynbatchctl --config
     try:
-        data = build_plan(config, model, memory_gb, seq_len, dtype, headroom, reserve_gb, gpu)
+        data = build_plan(config, model, memory_gb, seq_len, dtype, headroom, reserve_gb, gpu, profile)
     except PlanError as exc:
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
