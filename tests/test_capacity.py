@@ -16,10 +16,10 @@ from dynbatchd.simulate import Arrival
 SHIPPED = str(Path(__file__).resolve().parent.parent / "etc" / "dynbatchd.toml")
 MS = 1_000_000
 
-# The hand-worked case: one request every 1 ms for 2 s (1000/s), each batch takes 10 ms whatever its
+# The hand-worked case: one request every 1 ms for 1 s (1000/s), each batch takes 10 ms whatever its
 # size, the deadline is 50 ms, and 99% must be on time.
 CHANNELS = {"only": ChannelSettings(max_batch=4, window_ms=2, deadline_ms=50)}
-ARRIVALS = [Arrival(i * MS, 10, "only") for i in range(2000)]
+ARRIVALS = [Arrival(i * MS, 10, "only") for i in range(1000)]
 PROFILE = cap.Profile(name="hand", source="worked by hand", memory_gb=1.0, power_idle_w=10.0, power_busy_w=110.0,
                       price_per_hour=2.0, cost=cap.Cost(base_ms=10.0, per_item_ms=0.0))
 TARGETS = {"only": 0.99}
