@@ -29,6 +29,11 @@ def test_a_flat_curve_has_no_knee():
     assert find_knee([10, 20, 40, 80, 160], [0.0] * 5) is None
 
 
+def test_a_curve_flat_within_a_few_percent_has_no_knee():
+    # saturated before the first load: a 1% wobble up is not a knee
+    assert find_knee([50, 100, 200, 500], [660.0, 668.0, 668.0, 668.0]) is None
+
+
 def test_a_falling_curve_has_no_knee():
     assert find_knee([10, 20, 40, 80], [400.0, 300.0, 200.0, 100.0]) is None
 

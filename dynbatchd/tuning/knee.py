@@ -51,14 +51,17 @@ def smooth(values: Sequence[float]) -> list[float]:
     return [med[0]] + [sum(med[i - 1:i + 2]) / 3 for i in range(1, len(med) - 1)] + [med[-1]]
 
 
-def find_knee(loads: Sequence[float], qps: Sequence[float], *, min_drop: float = 0.4,
+def find_knee(loads: Sequence[float], qps: Sequence[float], *, min_drop: float = 0.4, min_rise: float = 0.1,
               flat_tolerance: float = 1e-9) -> Knee | None:
     """The knee of QPS over load, or None: fewer than 3 distinct loads, a curve that never rose
-    (flat or falling: nothing to lose), or no slope drop of `min_drop` that persists."""
+    by `min_rise` of its peak (flat within noise, or falling: saturated before the first load),
+    or no slope drop of `min_drop` that persists."""
     xs, ys = _dedupe(loads, qps)
     if len(xs) < 3:
         return None
     sm = smooth(ys)
+    if max(sm) - sm[0] < min_rise * max(abs(y) for y in sm):
+        return None            # flat within noise: already saturated at the smallest load
     slopes = [(sm[i + 1] - sm[i]) / (xs[i + 1] - xs[i]) for i in range(len(xs) - 1)]   # steps > 0 by dedupe
     early = max(slopes[0], (sm[-1] - sm[0]) / (xs[-1] - xs[0]))
     scale = max(abs(y) for y in sm) / (xs[-1] - xs[0])
