@@ -150,21 +150,39 @@ def test_bad_options_are_config_errors_naming_the_key_and_the_rule(files, option
     assert caught.value.key == key and rule in caught.value.rule, str(caught.value)
 
 
-def test_a_daemon_serves_a_torchscript_file_and_an_exported_one(tmp_path, files):
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory, files):
+    """One daemon for the end-to-end tests: a scripted file, a traced one of batch size 4 (with its
+    declared inputs) and an exported one of one input; the HTTP door on."""
+    from conftest import free_port
+
+    port = free_port()
+    inputs = '[{ name = "x", dtype = "float32", shape = [4] }, { name = "shift", dtype = "int64" }]'
     body = f"""
         [models.ts]
         runner = "torchscript"
-        options = {{ path = "{files['scripted']}", inputs = [{{ name = "x", dtype = "float32", shape = [4] }},
-                                                           {{ name = "shift", dtype = "int64" }}] }}
+        options = {{ path = "{files['scripted']}", inputs = {inputs} }}
+        [models.tr]
+        runner = "torchscript"
+        options = {{ path = "{files['traced']}", batch_size = 4, inputs = {inputs} }}
         [models.ep]
         runner = "exported"
         options = {{ path = "{files['one_file']}" }}
         [channels.standard]
         max_batch = 8
         window_ms = 5
+        [http]
+        listen = "127.0.0.1:{port}"
     """
+    running = start_daemon(tmp_path_factory.mktemp("exported-daemon"), body)
+    running.http = f"http://127.0.0.1:{port}"
+    yield running
+    running.stop()
+
+
+def test_a_daemon_serves_a_torchscript_file_and_an_exported_one(daemon, files):
     items = rows(5, seed=11)
-    with start_daemon(tmp_path, body) as daemon, Client(daemon.endpoint, timeout=60) as client:
+    with Client(daemon.endpoint, timeout=60) as client:
         futures = [client.submit("ts", item) for item in items]
         got = np.stack([np.asarray(f.result().output) for f in futures])
         x = np.asarray([i["x"] for i in items], np.float32)
@@ -173,6 +191,29 @@ def test_a_daemon_serves_a_torchscript_file_and_an_exported_one(tmp_path, files)
     np.testing.assert_allclose(got, eager(files["tiny"], items), rtol=1e-5, atol=1e-6)
     with torch.no_grad():
         np.testing.assert_allclose(got_ep, files["one"](torch.from_numpy(x))[0].numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_kserve_v2_feeds_a_program_of_two_named_inputs_over_http(daemon, files):
+    import json
+    import urllib.request
+
+    def call(path, payload=None):
+        data = json.dumps(payload).encode() if payload is not None else None
+        request = urllib.request.Request(daemon.http + path, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return json.loads(reply.read())
+
+    items = rows(3, seed=21)
+    assert call("/v2/models/ep")["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1]}]
+    assert call("/v2/models/tr")["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]},
+                                               {"name": "shift", "datatype": "INT64", "shape": [-1]}]
+    reply = call("/v2/models/tr/infer", {"inputs": [
+        {"name": "x", "datatype": "FP32", "shape": [3, 4], "data": [v for i in items for v in i["x"]]},
+        {"name": "shift", "datatype": "INT64", "shape": [3], "data": [i["shift"] for i in items]}]})
+    [out] = reply["outputs"]
+    assert out["shape"] == [3, 3]
+    np.testing.assert_allclose(np.asarray(out["data"], np.float32).reshape(3, 3), eager(files["tiny"], items),
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_the_sentence_embedding_runner_takes_any_local_encoder_directory(tmp_path):
@@ -208,51 +249,3 @@ def test_an_encoder_path_that_is_not_a_model_directory_is_a_config_error(tmp_pat
     with pytest.raises(ConfigError) as caught:
         validate_config(parse(tomllib.loads(text), "t.toml"), Plugins.load())
     assert caught.value.key == "models.m.options.path" and rule in caught.value.rule, str(caught.value)
-
-
-def test_kserve_v2_feeds_a_program_of_two_named_inputs_over_http(tmp_path, files):
-    import json
-    import urllib.request
-
-    from conftest import free_port
-
-    port = free_port()
-    body = f"""
-        [models.ts]
-        runner = "torchscript"
-        [models.ts.options]
-        path = "{files['traced']}"
-        batch_size = 4
-        inputs = [{{ name = "x", dtype = "float32", shape = [4] }}, {{ name = "shift", dtype = "int64" }}]
-        [channels.standard]
-        max_batch = 8
-        window_ms = 5
-        [http]
-        listen = "127.0.0.1:{port}"
-    """
-    items = rows(3, seed=21)
-
-    def call(path, payload=None):
-        data = json.dumps(payload).encode() if payload is not None else None
-        request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data,
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return json.loads(reply.read())
-
-    body += f"""
-        [models.ep]
-        runner = "exported"
-        options = {{ path = "{files['one_file']}" }}
-    """
-    with start_daemon(tmp_path, body):
-        assert call("/v2/models/ep")["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1]}]
-        meta = call("/v2/models/ts")
-        reply = call("/v2/models/ts/infer", {"inputs": [
-            {"name": "x", "datatype": "FP32", "shape": [3, 4], "data": [v for i in items for v in i["x"]]},
-            {"name": "shift", "datatype": "INT64", "shape": [3], "data": [i["shift"] for i in items]}]})
-    assert meta["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 4]},
-                              {"name": "shift", "datatype": "INT64", "shape": [-1]}]
-    [out] = reply["outputs"]
-    assert out["shape"] == [3, 3]
-    np.testing.assert_allclose(np.asarray(out["data"], np.float32).reshape(3, 3), eager(files["tiny"], items),
-                               rtol=1e-5, atol=1e-6)
