@@ -249,3 +249,13 @@ def test_an_encoder_path_that_is_not_a_model_directory_is_a_config_error(tmp_pat
     with pytest.raises(ConfigError) as caught:
         validate_config(parse(tomllib.loads(text), "t.toml"), Plugins.load())
     assert caught.value.key == "models.m.options.path" and rule in caught.value.rule, str(caught.value)
+
+
+def test_plan_says_a_program_file_has_no_config_json_to_plan_from(files):
+    import tomllib
+
+    from dynbatchd.cli.plan import PlanError, resolve_model
+
+    config = parse(tomllib.loads(config_with(f'{{ path = "{files["dynamic"]}" }}')), "t.toml")
+    with pytest.raises(PlanError, match="exported program, which has no config.json"):
+        resolve_model(config, "m")

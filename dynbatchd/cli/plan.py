@@ -60,6 +60,9 @@ def resolve_model(cfg: cfgmod.Config | None, model: str | None) -> tuple[str, Pa
         settings = cfg.models[name]
         opts = settings.options
         cap = opts.get("max_tokens")
+        if settings.runner in ("torchscript", "exported"):   # a program file: no config.json to read
+            raise PlanError(f"model {name!r} is a {settings.runner} program, which has no config.json to plan "
+                            "from; pass --model DIR with the config.json of the model it was exported from")
         if opts.get("path"):
             return name, Path(opts["path"]), cap
         if settings.runner == "sentence-embedding":
