@@ -15,7 +15,7 @@ proxy hop. Endpoints:
   (serving: 503 while starting or draining) for load balancers and probes.
 
 Headers: ``X-Deadline-Ms`` (the request's deadline), ``X-Tags`` (comma-separated
-routing tags), ``X-Tenant``, ``X-Request-Type``, ``X-User-Frequency``. Every
+routing tags; else a body's ``"tags"`` or KServe ``parameters.tags`` list), ``X-Tenant``, ``X-Request-Type``, ``X-User-Frequency``. Every
 error code maps to an HTTP status (`STATUS`); the body is ``{"error": {"code",
 "message"}}``. Payloads are never logged: uvicorn's access log is off.
 """
@@ -64,6 +64,15 @@ def request_meta(headers: Any) -> dict[str, Any]:
         if value := headers.get(header):
             meta[field] = value
     return meta
+
+
+def body_tags(tags: Any, meta: dict[str, Any]) -> None:
+    """Tags from the body (OpenAI ``"tags"``, KServe ``parameters.tags``), where no X-Tags header gave them."""
+    if tags is None or "tags" in meta:
+        return
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise HttpError(P.BAD_REQUEST, "\"tags\" must be a list of strings")
+    meta["tags"] = tags
 
 
 def output_array(answer: Any) -> np.ndarray | Any:
@@ -159,6 +168,7 @@ class HttpDoor:
             meta = request_meta(request.headers)
             if isinstance(body.get("user"), str):
                 meta.setdefault("user", body["user"])
+            body_tags(body.get("tags"), meta)
             outputs = await self._infer_all(model, texts, meta)
         except HttpError as exc:
             return self._error(exc)
@@ -179,6 +189,8 @@ class HttpDoor:
             params = body.get("parameters") or {}
             if isinstance(params, dict) and isinstance(params.get("deadline_ms"), (int, float)):
                 meta.setdefault("deadline_ms", float(params["deadline_ms"]))
+            if isinstance(params, dict):
+                body_tags(params.get("tags"), meta)
             outputs = await self._infer_all(name, items, meta)
         except HttpError as exc:
             return self._error(exc, v2=True)

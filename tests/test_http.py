@@ -89,6 +89,8 @@ def test_probes(daemon):
     ({"model": "echo", "input": "fail"}, {}, 500, "model_error"),
     ({"model": "enc", "input": "x"}, {"X-Deadline-Ms": "soon"}, 400, "bad_request"),
     ({"model": "enc", "input": "x"}, {"X-Tags": "banking"}, 403, "refused"),   # isolated channel, no tenant
+    ({"model": "enc", "input": "x", "tags": ["banking"]}, {}, 403, "refused"),  # the tags in the body
+    ({"model": "enc", "input": "x", "tags": "banking"}, {}, 400, "bad_request"),
     ({"model": "enc", "input": "x" * (2 << 20)}, {}, 400, "bad_request"),      # past max_request_bytes
 ])
 def test_every_error_is_an_http_status_with_its_code(daemon, body, headers, status, code):
@@ -103,3 +105,12 @@ def test_tags_and_tenant_headers_route_and_deadline_header_is_the_deadline(daemo
     assert daemon.call("status")["channels"]["vault"]["completed"] >= 1
     status, reply, _ = call(daemon, "/v1/embeddings", {"model": "enc", "input": "x"}, {"X-Deadline-Ms": "0"})
     assert status == 400 and "deadline_ms" in reply["error"]["message"]
+
+
+def test_kserve_parameters_carry_tags_and_the_deadline(daemon):
+    tensor = {"name": "text", "datatype": "BYTES", "shape": [1], "data": ["ledger"]}
+    status, body, _ = call(daemon, "/v2/models/enc/infer", {"inputs": [tensor], "parameters": {"tags": ["banking"]}})
+    assert (status, body["code"]) == (403, "refused"), body   # routed to the isolated channel, no tenant
+    status, body, _ = call(daemon, "/v2/models/enc/infer", {"inputs": [tensor], "parameters": {"tags": ["banking"]}},
+                           {"X-Tenant": "bank-b"})
+    assert status == 200, body
