@@ -141,9 +141,10 @@ def test_dynbatchctl_status_and_plugins_json(sim_daemon):
     assert {"routing", "windows", "compliance", "runners", "sizing"} <= {p["name"] for p in plugins["loaded"]}
     assert "simulated" in plugins["runners"]
     assert "channels" in ctl("status")  # the rich table for people
-    with Client(sim_daemon.endpoint) as client:   # traffic for the recommender to learn from
-        for f in [client.submit("sim", "x" * 10) for _ in range(40)]:
-            f.result(timeout=30)
+    with Client(sim_daemon.endpoint) as client:   # traffic for the recommender: it needs 20 timed batches
+        for _ in range(25):
+            for f in [client.submit("sim", "x" * 10) for _ in range(2)]:
+                f.result(timeout=30)
     plan = json.loads(ctl("recommend", "--json", "--duration", "2"))
     assert plan["simulated"] is True and "standard" in plan["channels"]
     assert plan["channels"]["standard"]["current"]["max_batch"] == 16
