@@ -70,3 +70,11 @@ def test_the_commit_is_a_git_hash_or_the_package_version(tmp_path):
     assert cells.commit_id(tmp_path) == f"v{__version__}"     # not a checkout
     here = cells.commit_id()
     assert here == f"v{__version__}" or all(c in "0123456789abcdef" for c in here)
+
+
+def test_live_utilisation_is_the_busy_time_between_two_snapshots():
+    from dynbatchd.tuning.bench import _busy_between
+    before = {"daemon": {"uptime_s": 100.0}, "devices": [{"busy_fraction": 0.1}]}      # 10 s busy
+    after = {"daemon": {"uptime_s": 110.0}, "devices": [{"busy_fraction": 15 / 110}]}
+    assert abs(_busy_between(before, after) - 0.5) < 1e-9                            # 5 s busy in 10 s
+    assert _busy_between(before, {"daemon": {"uptime_s": 110.0}, "devices": []}) is None

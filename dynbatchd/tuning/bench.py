@@ -281,7 +281,7 @@ class LiveBench:
         if "fill_sum" in b1 and b1.get("batches", 0) > b0.get("batches", 0):
             fill = (b1["fill_sum"] - b0.get("fill_sum", 0.0)) / (b1["batches"] - b0.get("batches", 0))
         devices = after.get("devices", [])
-        util = sum(d.get("busy_fraction", 0.0) for d in devices) / len(devices) if devices else None
+        util = _busy_between(before, after)
         mem = [d["gpu"]["memory_used_bytes"] / d["gpu"]["memory_total_bytes"] for d in devices
                if isinstance(d.get("gpu"), dict) and d["gpu"].get("memory_total_bytes")]
         return Figures(requests=measured, qps=len(done) / duration_s, p50_ms=percentile(done, 0.5),
@@ -337,6 +337,21 @@ class LiveBench:
                 await asyncio.gather(*tasks)
             await marker
         return {"ok": ok, "deadline_ms": deadline_ms}, codes, box
+
+
+def _busy_between(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    """Mean device busy fraction between two status snapshots: each device's busy_fraction is since
+    it started (about the daemon's start), so busy time is fraction x uptime, differenced; clamped
+    to 0..1 (a device restarted in between makes it approximate)."""
+    t0 = before.get("daemon", {}).get("uptime_s")
+    t1 = after.get("daemon", {}).get("uptime_s")
+    d0, d1 = before.get("devices", []), after.get("devices", [])
+    if not d1:
+        return None
+    if t0 is None or t1 is None or t1 <= t0 or len(d0) != len(d1):
+        return sum(d.get("busy_fraction", 0.0) for d in d1) / len(d1)
+    spans = [(b.get("busy_fraction", 0.0) * t1 - a.get("busy_fraction", 0.0) * t0) / (t1 - t0) for a, b in zip(d0, d1)]
+    return sum(min(1.0, max(0.0, x)) for x in spans) / len(spans)
 
 
 def best(rows: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
