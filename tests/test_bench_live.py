@@ -64,6 +64,7 @@ def test_a_live_matrix_records_every_cell_and_restores_the_channel(daemon, tmp_p
     assert {(r["max_batch"], r["load"]) for r in rows} == {(2, 2), (2, 6), (4, 2), (4, 6)}
     assert all(r["fill_rate"] is not None and 0 < r["fill_rate"] <= 1 for r in rows)
     assert all(r["device_utilisation"] is not None and 0 < r["device_utilisation"] <= 1 for r in rows)
+    assert all(r["scheduling_efficiency"] is not None and 0 < r["scheduling_efficiency"] <= 1 for r in rows)
 
 
 def test_ctrl_c_mid_matrix_still_restores_the_channel(daemon, tmp_path, monkeypatch):

@@ -26,6 +26,7 @@ from dynbatchd import config as cfgmod
 from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv, simulate
 from dynbatchd.simulate.results import COMPLETED, EXPIRED
 from dynbatchd.simulate.traces import GUIDE_MIX
+from dynbatchd.telemetry import scheduling_efficiency
 
 SECOND = 1_000_000_000
 MS = 1_000_000
@@ -282,13 +283,16 @@ class LiveBench:
             fill = (b1["fill_sum"] - b0.get("fill_sum", 0.0)) / (b1["batches"] - b0.get("batches", 0))
         devices = after.get("devices", [])
         util = _busy_between(before, after)
+        compute = b1.get("compute_s", 0.0) - b0.get("compute_s", 0.0)
+        wait = b1.get("wait_s", 0.0) - b0.get("wait_s", 0.0)
+        efficiency = scheduling_efficiency(int(compute * 1e9), int(wait * 1e9)) if compute + wait > 0 else None
         mem = [d["gpu"]["memory_used_bytes"] / d["gpu"]["memory_total_bytes"] for d in devices
                if isinstance(d.get("gpu"), dict) and d["gpu"].get("memory_total_bytes")]
         return Figures(requests=measured, qps=len(done) / duration_s, p50_ms=percentile(done, 0.5),
                        p99_ms=percentile(done, 0.99), p999_ms=percentile(done, 0.999),
                        on_time=on_time / measured if measured else None, device_utilisation=util,
                        device_memory=max(mem) if mem else None, fill_rate=fill,
-                       extra={"errors": dict(codes)})
+                       scheduling_efficiency=efficiency, extra={"errors": dict(codes)})
 
     async def _load(self, cell: Cell, duration_s: float, warmup_s: float, tokens: Callable[[], int], seed: int):
         from dynbatchd.client import AsyncClient, DynbatchdError
