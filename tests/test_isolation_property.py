@@ -36,16 +36,34 @@ def channel_settings(isolated: bool, anonymous: str, max_batch: int = 4, window_
                            isolated=isolated, anonymous=anonymous)
 
 
-op = st.one_of(
-    st.tuples(st.just("submit"), st.sampled_from(["med", "fin", "open"]), st.sampled_from(TENANTS),
-              st.integers(0, 3000), st.sampled_from(TEXTS + [None])),
-    st.tuples(st.just("step"), st.integers(0, 5)),
-    st.tuples(st.just("finish"), st.integers(0, 1), st.booleans()),   # device, out of memory
-    st.tuples(st.just("die"), st.integers(0, 1)),
-    st.tuples(st.just("cancel"), st.integers(0, 40)),
-    st.tuples(st.just("reload"), st.sampled_from(["med", "fin", "open"]), st.booleans(), st.integers(1, 6),
-              st.sampled_from([0, 2, 10])),
-)
+CHANNELS = ["med", "fin", "open"]
+
+
+def decode(n: int) -> tuple:
+    """One operation from one integer: a single draw per operation keeps 10,000 schedules cheap
+    (hypothesis's own drawing, not the engine, dominated the time), and shrinking n towards 0
+    still simplifies the operation."""
+    kind, n = n % 6, n // 6
+    if kind == 0:
+        n, channel = divmod(n, 3)
+        n, tenant = divmod(n, len(TENANTS))
+        n, text = divmod(n, len(TEXTS) + 1)
+        return ("submit", CHANNELS[channel], TENANTS[tenant], n % 3001, (TEXTS + [None])[text])
+    if kind == 1:
+        return ("step", n % 6)
+    if kind == 2:
+        return ("finish", n % 2, bool(n // 2 % 2))          # device, out of memory
+    if kind == 3:
+        return ("die", n % 2)
+    if kind == 4:
+        return ("cancel", n % 41)
+    n, channel = divmod(n, 3)
+    n, isolated = divmod(n, 2)
+    n, max_batch = divmod(n, 6)
+    return ("reload", CHANNELS[channel], bool(isolated), max_batch + 1, [0, 2, 10][n % 3])
+
+
+op = st.integers(0, 2**40).map(decode)
 
 
 class Run:
@@ -144,9 +162,9 @@ class Run:
         self.step()
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(anonymous=st.sampled_from(["refuse", "alone"]), schedule=st.lists(op, max_size=30))
+@given(anonymous=st.sampled_from(["refuse", "alone"]), schedule=st.lists(op, max_size=20))
 def test_no_schedule_breaks_isolation(anonymous, schedule):
     run = Run(anonymous)
     run.by_payload = {}
