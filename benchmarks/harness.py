@@ -287,6 +287,15 @@ class Daemon:
         return "\n".join(self.log_lines()[-n:])
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (for the daemon's HTTP or metrics address)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def ipc_daemon(directory: str | os.PathLike, config_body: Callable[[str, str], str], **kw: Any) -> Daemon:
     """A Daemon whose config lives in `directory`, with ipc:// sockets req.sock and ctl.sock there:
     `config_body(endpoint, control)` returns the config's text."""

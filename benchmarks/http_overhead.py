@@ -18,23 +18,16 @@ import argparse
 import asyncio
 import json
 import shlex
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.harness import cpu_delta, ipc_daemon
+from benchmarks.harness import cpu_delta, free_port, ipc_daemon
 from dynbatchd.client import AsyncClient
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def config(port: int):

@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 FILE_NAME = "audit.jsonl"
 
 
-class Decision(msgspec.Struct, omit_defaults=False):
+class Decision(msgspec.Struct):
     time: str
     rule: str
     action: str          # "refused" or "ran alone"

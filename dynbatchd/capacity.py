@@ -225,25 +225,15 @@ def energy_per_request_j(devices: int, profile: Profile, busy_s_per_request: flo
 
 
 def nvml_power() -> dict[str, Any] | None:
-    """Name and power draw (W) of GPU 0 from NVML, or None without pynvml or a GPU."""
-    try:
-        import pynvml
+    """Name and power draw (W) of the first GPU ("cuda:0") from NVML, or None without pynvml, a GPU
+    or a power reading (the device observer's probe, so CUDA_VISIBLE_DEVICES is honoured)."""
+    from dynbatchd.telemetry import NvmlProbe
 
-        pynvml.nvmlInit()
-    except Exception:
+    probe = NvmlProbe()
+    reading = probe.sample("cuda:0")
+    if reading is None or reading.power_watts is None:
         return None
-    try:
-        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-        name = pynvml.nvmlDeviceGetName(handle)
-        return {"name": name.decode() if isinstance(name, bytes) else str(name),
-                "power_w": pynvml.nvmlDeviceGetPowerUsage(handle) / 1000.0}
-    except Exception:
-        return None
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+    return {"name": probe.name("cuda:0") or "cuda:0", "power_w": reading.power_watts}
 
 
 @dataclass

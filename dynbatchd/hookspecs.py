@@ -144,8 +144,9 @@ def dynbatchd_warmup(model: str, top_users: int, config: Config) -> WarmupJob | 
     from which each scheduling pass tops up the warmup channel
     (``[cache] warmup_channel``, else ``[routing] default``) to half its
     ``queue_limit``; so warmup never fills a channel and refuses live traffic.
-    They run like requests of that channel, in its batches, and their results
-    only fill the cache, always admitted (warmup inputs are frequent by
+    They run in that channel, in batches of their own that start only on an
+    idle device with no live request queued and last no longer than the
+    shortest live window, and their results only fill the cache, always admitted (warmup inputs are frequent by
     choice). They are cached under (model, the job's tenant, text), so they
     serve only that tenant's requests (None: requests without a tenant); an
     isolated warmup channel caches nothing. A stop drops the backlog.

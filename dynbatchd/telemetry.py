@@ -307,6 +307,16 @@ class NvmlProbe:
         answered = (util, mem, power_mw)
         return reading if any(v is not None for v in answered) else None
 
+    def name(self, device: str) -> str | None:
+        """NVML's name for "cuda:N" (e.g. "NVIDIA H200"), or None."""
+        if self._nvml is None or not device.startswith("cuda:"):
+            return None
+        try:
+            name = self._nvml.nvmlDeviceGetName(self._handle(device))
+        except Exception:
+            return None
+        return name.decode() if isinstance(name, bytes) else str(name)
+
     def read(self, device: str) -> tuple[float, float] | None:
         """(utilisation 0..1, memory used 0..1) for "cuda:N", or None unless NVML answers both."""
         reading = self.sample(device)

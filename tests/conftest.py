@@ -7,7 +7,6 @@ until it serves.
 
 from __future__ import annotations
 
-import socket
 import sys
 import textwrap
 from pathlib import Path
@@ -20,17 +19,11 @@ for _path in (str(REPO), str(TESTS)):   # `benchmarks` (the launcher) and tests/
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from benchmarks.harness import Daemon, WaitTimeout, wait_until  # noqa: E402
+from benchmarks.harness import Daemon, WaitTimeout, free_port, wait_until  # noqa: E402
 
 RunningDaemon = Daemon   # .proc .endpoint .control .config .log .call() .status() .logs() .stop()
 
 __all__ = ["REPO", "Daemon", "RunningDaemon", "SIMULATED", "MINILM", "WaitTimeout", "free_port", "start_daemon", "wait_until"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_extra: str = "",

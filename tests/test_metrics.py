@@ -240,6 +240,9 @@ class FakeNvml:
             raise self.NotSupported()
         return 250_500   # milliwatts
 
+    def nvmlDeviceGetName(self, handle):
+        return {"h0": b"NVIDIA H200", "h1": "NVIDIA L4"}[handle]
+
 
 def test_nvml_probe_reads_every_figure(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
@@ -249,6 +252,16 @@ def test_nvml_probe_reads_every_figure(monkeypatch):
     assert probe.sample("cuda:1") == NvmlProbe.Reading(0.9, 6 << 30, 8 << 30, None)   # power not supported
     assert probe.read("cuda:0") == (0.4, 0.25)   # what the batch sizers get, as before
     assert probe.sample("cpu") is None and probe.sample("cuda:7") is None
+
+
+def test_nvml_probe_names_each_gpu_and_capacity_reports_its_power(monkeypatch):
+    from dynbatchd import capacity, telemetry
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    probe = NvmlProbe(FakeNvml())
+    assert (probe.name("cuda:0"), probe.name("cuda:1"), probe.name("cpu")) == ("NVIDIA H200", "NVIDIA L4", None)
+    monkeypatch.setattr(telemetry, "NvmlProbe", lambda: NvmlProbe(FakeNvml()))
+    assert capacity.nvml_power() == {"name": "NVIDIA H200", "power_w": 250.5}
 
 
 def test_nvml_probe_follows_cuda_visible_devices(monkeypatch):

@@ -353,3 +353,21 @@ def test_a_burst_into_an_idle_channel_is_not_refused():
         s.poll(t * 100 * MS, free_slots=1)
     now = 2000 * MS
     assert all(s.submit(item("c", 2000, deadline_ms=200), now) for _ in range(500))
+
+
+def test_warmup_runs_only_on_an_idle_device_with_no_live_request_and_no_longer_than_a_live_window():
+    s = make(live=ChannelSettings(max_batch=8, window_ms=10), bulk=ChannelSettings(max_batch=32, window_ms=50))
+    for n in (1, 8, 16) * 10:   # the bulk channel learns 8 ms + 1 ms per request
+        s.channels["bulk"].cost.observe(n, 0, (8 + n) * MS)
+    warm = [item("bulk", 0, deadline_ms=600_000) for _ in range(20)]
+    for it in warm:
+        it.warmup = True
+    submit_all(s, warm)
+    assert s.poll(60 * MS, free_slots=1, device_busy_ns=5 * MS).batches == []   # the device is busy
+    submit_all(s, [item("live", 55)])
+    assert s.poll(60 * MS, free_slots=1).batches == []                           # a live request waits
+    [live] = s.poll(65 * MS, free_slots=1).batches
+    assert live.channel == "live"
+    [batch] = s.poll(66 * MS, free_slots=1).batches                              # idle, nothing live
+    assert batch.channel == "bulk" and all(i.warmup for i in batch.items)
+    assert len(batch.items) == 2   # 8 ms + 2 x 1 ms fits the shortest live window (10 ms); a third does not
