@@ -277,10 +277,13 @@ class Channel:
              budget_ns: int | None = None) -> Batch:
         """Cut a batch from `lane` that will start at `start_ns` (default now).
 
-        While one batch can take everything waiting, earliest deadline first, up
-        to the size and token caps. Under a backlog, the batch that gets the most
+        Where request sizes matter (`_sizes_matter`), the batch that gets the most
         requests done in time: among the requests that can still finish in time,
-        shortest first while every member still does (`_feasible_first`). A batch
+        shortest first while every member still does (`_feasible_first`). While
+        one batch can take everything waiting that is the same set as earliest
+        deadline first, less any request that would make a member late (it waits
+        for the next batch or expires instead of spoiling this one). Otherwise
+        earliest deadline first, up to the size and token caps. A batch
         never runs longer than `budget_ns` (by the learned cost) but for its first request:
         what a channel of higher priority can wait for.
         """
@@ -288,9 +291,9 @@ class Channel:
         cap = self.settings.max_tokens
         start = now_ns if start_ns is None else start_ns
         picked = None
-        if len(lane) > limit and not self.settings.run_late and not lane.heap[0][2].retries and self._sizes_matter(lane):
-            longest_first = self.long_share.owed()   # long requests are owed device time: serve them
-            picked = self._feasible_first(lane, start, limit, cap, longest_first, budget_ns)
+        if len(lane) > 1 and not self.settings.run_late and not lane.heap[0][2].retries and self._sizes_matter(lane):
+            long_first = self.long_share.owed()   # long requests are owed device time: serve them
+            picked = self._feasible_first(lane, start, limit, cap, long_first, budget_ns)
         if picked:
             items = lane.take(picked)
             tokens = sum(item.tokens for item in items)
@@ -334,17 +337,20 @@ class Channel:
         _, per_item, per_token = self.cost.coefficients()
         return per_token * lane.tokens / len(lane) > per_item
 
-    def _feasible_first(self, lane: Lane, start: int, limit: int, cap: int, longest_first: bool,
+    def _feasible_first(self, lane: Lane, start: int, limit: int, cap: int, long_first: bool,
                         budget_ns: int | None = None) -> list[Item]:
         """The requests to run now when more wait than one batch takes: each must finish by its
         deadline, as long as every member still does; cheapest first (the most on time per
-        unit of device time) unless long requests are owed their share (`LongShare`), then
-        longest first. Requests that cannot make it even alone are left for `expire`; a
+        unit of device time). While long requests are owed their share (`LongShare`), the long
+        ones come first, still cheapest first: the floor is device time, and the cheapest long
+        requests pay it back with the most of them on time (longest first spent the same device
+        time on fewer). Requests that cannot make it even alone are left for `expire`; a
         retried request is never picked here (it runs alone)."""
         estimate = self.cost.estimate_ns
         chosen: list[Item] = []
         tokens, earliest = 0, NEVER
-        order = sorted(lane.heap, key=lambda e: (-e[2].tokens if longest_first else e[2].tokens, e[0]))
+        is_long = self.long_share.is_long
+        order = sorted(lane.heap, key=lambda e: (long_first and not is_long(e[2].tokens), e[2].tokens, e[0]))
         for deadline, _, item in order:
             if len(chosen) == limit:
                 break

@@ -6,7 +6,10 @@ tokens never while short ones keep coming. This ledger keeps, per channel,
 the device time the longest tenth of requests (by tokens, a running estimate
 of the 90th percentile) asked for and the device time they got, both decayed
 over the last ~`memory` requests; while they got less than `floor` of their
-share, batches are cut in deadline order instead, which serves them.
+share, batches take the long requests first (cheapest of them first).
+The memory is ~3000 requests (seconds of a burst): long requests served while
+the device kept up count toward the floor a burst later, so a burst does not
+owe for device time they already had.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 class LongShare:
     QUANTILE = 0.9
 
-    def __init__(self, floor: float = 0.2, memory: int = 1000):
+    def __init__(self, floor: float = 0.2, memory: int = 3000):
         self.floor = floor
         self.decay = 1.0 - 1.0 / memory
         self.cut = 0.0           # running estimate of the tokens 90th percentile
