@@ -171,15 +171,24 @@ class RaySettings(Frozen, kw_only=True):
     cpus_per_actor: Annotated[float, Meta(ge=0, le=4096)] = 1.0
 
 
+GigaBytes = Annotated[float, Meta(ge=0, le=1 << 20)]
+
+
 class DeviceSettings(Frozen, kw_only=True):
     use: str | list[str] = "auto"
     ray: RaySettings | None = None
     inflight: Annotated[int, Meta(ge=1, le=8)] = 2
     queue_lead_ms: Millis = 1.0
     cpu_threads: Annotated[int, Meta(ge=0, le=4096)] = 0
-    memory_gb: Annotated[float, Meta(ge=0, le=1 << 20)] = 0.0
+    # GB of every device, or by device name ({ "cuda:0" = 80, "cuda:1" = 24 }); 0 or absent: unknown
+    memory_gb: GigaBytes | dict[str, GigaBytes] = 0.0
     restart_limit: Annotated[int, Meta(ge=0, le=1_000_000)] = 5
     batch_timeout_s: Seconds = 120.0
+
+    def memory_gb_of(self, device: str) -> float:
+        """The configured memory of `device` in GB (0: not configured, ask NVML)."""
+        memory = self.memory_gb
+        return memory.get(device, 0.0) if isinstance(memory, dict) else memory
 
 
 class ModelSettings(Frozen, kw_only=True):
@@ -321,6 +330,10 @@ def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
         table = data.get(section)
         if isinstance(table, dict):
             data[section] = {name: _convert(sub, typ, source, f"{section}.{name}") for name, sub in table.items()}
+    memory = data.get("devices", {}).get("memory_gb") if isinstance(data.get("devices"), dict) else None
+    if isinstance(memory, dict):   # one device's value at a time, so that the error names the device
+        for name, value in memory.items():
+            _convert(value, GigaBytes, source, f"devices.memory_gb.{name}")
     cfg = _convert({**data, "source": source}, Config, source)
     _check_references(cfg)
     return cfg
@@ -384,6 +397,14 @@ def _check_references(cfg: Config) -> None:
         for i, dev in enumerate(cfg.devices.use):
             if not re.match(r"^(cpu|cuda:\d+)$", dev):
                 raise ConfigError(src, f"devices.use[{i}]", f"{dev!r} is not a device (cpu, cuda:N)")
+    if isinstance(cfg.devices.memory_gb, dict):
+        use = cfg.devices.use if isinstance(cfg.devices.use, list) and cfg.devices.ray is None else None
+        for dev in cfg.devices.memory_gb:
+            if not re.match(r"^(cpu|cuda:\d+)$", dev):
+                raise ConfigError(src, f"devices.memory_gb.{dev}", f"{dev!r} is not a device (cpu, cuda:N)")
+            if use is not None and dev not in use:
+                raise ConfigError(src, f"devices.memory_gb.{dev}",
+                                  f"{dev!r} is not one of the devices in devices.use ({', '.join(use)})")
 
 
 def is_private_endpoint(endpoint: str) -> bool:

@@ -108,7 +108,12 @@ class Engine:
         self.scheduler = Scheduler(channels)
         # (most items, most tokens) one batch may carry on each device (0: no limit): a mixed pool's
         # smaller device gets a batch cut to its own size, the rest waits for the next device.
-        self.device_limits = list(device_limits) if device_limits else [(0, 0)] * len(devices)
+        # An entry may add where the limit came from (items, tokens, "config" / "NVML" / "runner"), for status.
+        self.device_limits = [(lim[0], lim[1]) for lim in device_limits] if device_limits else [(0, 0)] * len(devices)
+        self.limit_sources = [lim[2] if len(lim) > 2 else "runner" if any(lim) else ""
+                              for lim in device_limits] if device_limits else [""] * len(devices)
+        # devices of different sizes learn an out-of-memory each for itself; alike, the channel's sizer does
+        self.mixed_pool = len(set(self.device_limits)) > 1
         self.on_isolation = on_isolation   # (rule, action, job): an isolation decision, for the audit trail
         self.channels = channels
         self.devices = [Device(name, DeviceStats(name, since_ns=now_ns)) for name in devices]
@@ -339,7 +344,7 @@ class Engine:
             self.device_speed[key] = self.device_speed.get(key, 1.0) * 0.95 + 0.05 * ratio
         self.scheduler.completed(batch, outcome.compute_ns, now_ns)
         if outcome.oom:
-            self.scheduler.out_of_memory(batch)
+            self._out_of_memory(device, batch)
         answers: list[Answer] = []
         if outcome.problem:
             for item in batch.items:
@@ -369,6 +374,17 @@ class Engine:
             stats.latency.record(total_us)
             answers.append(Answer(job.payload, OK, output=output, timing=timing))
         return answers
+
+    def _out_of_memory(self, device: int, batch: Batch) -> None:
+        """A batch did not fit on `device`. In a mixed pool that device's own item limit halves (as
+        the worker's bisection did), leaving the bigger devices' batches alone; in a pool of alike
+        devices the channel's sizer shrinks the batches for all of them."""
+        if not self.mixed_pool:
+            self.scheduler.out_of_memory(batch)
+            return
+        items, tokens = self.device_limits[device]
+        self.device_limits[device] = (max(1, min(items or len(batch.items), len(batch.items) // 2)), tokens)
+        self.limit_sources[device] = "learned after OOM"
 
     def lost(self, device: int, now_ns: int) -> Loss:
         """A device died. What it was running runs once more, alone; a request that kills the
@@ -461,6 +477,8 @@ class Engine:
 
     def snapshot(self, now_ns: int) -> dict[str, Any]:
         return {"channels": self.scheduler.snapshot(now_ns),
-                "devices": [d.stats.snapshot(now_ns) for d in self.devices],
+                "devices": [{**d.stats.snapshot(now_ns), "batch_limit": {"items": items, "tokens": tokens,
+                                                                         "source": self.limit_sources[i]}}
+                            for i, (d, (items, tokens)) in enumerate(zip(self.devices, self.device_limits))],
                 "quarantined": len(self.quarantine),
                 "warmup_backlog": len(self.warmup_backlog)}

@@ -11,6 +11,9 @@ total × (1 − headroom) − weights − reserve, and max batch =
 floor(usable / per-request bytes). `plan_memory` returns every step of that
 arithmetic as data, so `dynbatchctl plan` can show it.
 
+`device_limits` turns the same arithmetic into the live daemon's per-device
+batch limits (a mixed pool's devices each get a batch they hold).
+
 Encoders (BERT-style models such as all-MiniLM-L6-v2) keep no KV cache: the
 per-request term is the peak activation memory of one sequence inside one
 layer (layers run one after another and, under inference mode, a layer's
@@ -25,7 +28,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 GIB = 1 << 30
 DTYPE_BYTES = {"float32": 4, "float": 4, "fp32": 4, "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
@@ -199,5 +202,74 @@ def plan_memory(dims: ModelDims, total_bytes: int, *, headroom: float = 0.20, re
 
 
 # ---------------------------------------------------------------------------
-# adaptive sizer
+# per-device batch limits for the live daemon
 # ---------------------------------------------------------------------------
+class DeviceLimit(NamedTuple):
+    """The most items / tokens one batch may carry on a device (0: no limit), and where that came from
+    (what `Engine(device_limits=...)` takes)."""
+    items: int = 0
+    tokens: int = 0
+    source: str = ""           # "config", "NVML", "runner" ("" where nothing is known)
+
+
+def model_directory(runner: str, options: dict[str, Any]) -> tuple[Path, int | None] | None:
+    """(model directory, the runner's sequence cap) a runner's options name, or None (no config.json
+    to plan from: a program file, a callable without ``path``, a simulated device)."""
+    if runner in ("torchscript", "exported", "simulated", "noop"):
+        return None
+    if options.get("path"):
+        return Path(options["path"]), options.get("max_tokens")
+    if runner == "sentence-embedding":
+        from dynbatchd.devices.runners import default_model_path
+
+        return Path(default_model_path()), options.get("max_tokens", 256)
+    return None
+
+
+def device_memory_bytes(settings: Any, device: str, probe: Any = None) -> tuple[int, str]:
+    """(total bytes, source) of `device`: ``[devices] memory_gb`` for it, else NVML's total for a
+    CUDA device, else (0, "") — unknown."""
+    configured = settings.memory_gb_of(device)
+    if configured > 0:
+        return int(configured * GIB), "config"
+    reading = probe.sample(device) if probe is not None and device.startswith("cuda:") else None
+    if reading is not None and reading.memory_total_bytes:
+        return int(reading.memory_total_bytes), "NVML"
+    return 0, ""
+
+
+def model_limit(runner: str, options: dict[str, Any], device: str, total_bytes: int, source: str) -> DeviceLimit:
+    """One model's batch limit on `device`: a simulated device's own memory_items / memory_tokens, or
+    the planner's max batch (`plan_memory`, as ``dynbatchctl plan``) for the model's config.json."""
+    if runner == "simulated":
+        from dynbatchd.devices.runners import simulated_options
+
+        opts = simulated_options(options, device)
+        items, tokens = int(opts.get("memory_items", 0)), int(opts.get("memory_tokens", 0))
+        return DeviceLimit(items, tokens, "runner" if items or tokens else "")
+    found = model_directory(runner, options) if total_bytes else None
+    if found is None:
+        return DeviceLimit()
+    path, cap = found
+    try:
+        raw, model_dir = read_model_config(path)
+        mp = plan_memory(model_dims(raw, model_dir=model_dir, seq_len=cap), total_bytes)
+    except ValueError:
+        return DeviceLimit()   # a model the planner cannot read runs unlimited, as before
+    per_token = mp.per_request_bytes / mp.dims.seq_len if mp.dims.kind == "decoder" else 0.0
+    tokens = int(mp.usable_bytes // per_token) if per_token > 0 and mp.usable_bytes > 0 else 0
+    return DeviceLimit(max(1, mp.max_batch), tokens, source)
+
+
+def device_limits(config: Any, devices: list[str], probe: Any = None) -> list[DeviceLimit]:
+    """Each device's batch limit for the engine (`Engine(device_limits=...)`): with several models,
+    the tightest model's (an engine limit is per device, whatever the model), and its source."""
+    out = []
+    for device in devices:
+        total, source = device_memory_bytes(config.devices, device, probe)
+        limits = [model_limit(m.runner, dict(m.options), device, total, source) for m in config.models.values()]
+        items = min((lim for lim in limits if lim.items), default=None, key=lambda lim: lim.items)
+        tokens = min((lim for lim in limits if lim.tokens), default=None, key=lambda lim: lim.tokens)
+        out.append(DeviceLimit(items.items if items else 0, tokens.tokens if tokens else 0,
+                               (items or tokens or DeviceLimit()).source))
+    return out

@@ -33,10 +33,12 @@ from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, device_names, pool_class
 from dynbatchd.engine import OK, Answer, Engine, Job
 from dynbatchd.hookspecs import RequestInfo
+from dynbatchd.memory import device_limits
 from dynbatchd.metrics import serve as serve_metrics
 from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import build_channels
+from dynbatchd.telemetry import NvmlProbe
 from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE, TopUsers
 from dynbatchd.transport import FrontEnd, validate as validate_request
 
@@ -114,7 +116,8 @@ class Daemon(Operations):
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
                              queue_lead_ns=int(config.devices.queue_lead_ms * 1e6), cache=self.cache,
                              freeze=freeze, fingerprint=fingerprint, now_ns=self.started_ns,
-                             on_isolation=self._on_isolation)
+                             on_isolation=self._on_isolation,
+                             device_limits=device_limits(config, self.devices, NvmlProbe()))   # sized per device
         self.audit = AuditLog(config.compliance.audit_log or state_path(config.daemon, AUDIT_FILE))
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0
@@ -126,6 +129,8 @@ class Daemon(Operations):
         self.control: ControlServer | None = None
         self._queued: dict[tuple[bytes, Any], Job] = {}   # (client identity, request id) -> job, for cancel
         self._doors: list[Any] = []   # started front-door plugins (dynbatchd_front_doors)
+        self.canary_changes: dict[str, dict[str, Any]] = {}   # channel -> what its running canary tries
+        self.canary_ends: dict[str, dict[str, Any]] = {}      # channel -> how its last canary ended
 
     # -- lifecycle ----------------------------------------------------------
     async def run(self) -> int:

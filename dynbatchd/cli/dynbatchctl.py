@@ -250,8 +250,17 @@ DEVICE_COLUMNS: list[tuple[str, int, Any]] = [
     ("items", 5, lambda w: str(w["items"])),
     ("busy", 2, lambda w: _pct(w["busy_fraction"])),
     ("restarts", 2, lambda w: str(w["restarts"])),
+    ("batch limit", 3, lambda w: _limit_text(w.get("batch_limit"))),
 ]
-LEFT = {"channel", "window", "device", "state", "where"}
+LEFT = {"channel", "window", "device", "state", "where", "batch limit"}
+
+
+def _limit_text(limit: dict[str, Any] | None) -> str:
+    """`8 items (runner)`, `4 items, 2048 tokens (learned after OOM)`, `-` (no limit)."""
+    if not limit or not (limit["items"] or limit["tokens"]):
+        return "-"
+    parts = [f"{limit['items']} items"] * bool(limit["items"]) + [f"{limit['tokens']} tokens"] * bool(limit["tokens"])
+    return ", ".join(parts) + (f" ({limit['source']})" if limit.get("source") else "")
 
 
 def fitted_table(title: str, columns: list[tuple[str, int, Any]], rows: list[tuple], console: Console,

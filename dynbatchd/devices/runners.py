@@ -142,6 +142,35 @@ class NoopRunner(Runner):
         return [0] * len(inputs)
 
 
+# The simulated runner's latency model (`DeviceModel`), for every device or one (``devices``).
+SIMULATED_OPTIONS = {"base_ms": milliseconds, "per_item_ms": milliseconds, "per_token_ms": milliseconds,
+                     "memory_items": count(0), "memory_tokens": count(0), "oom_ms": milliseconds}
+
+
+def per_device(value: Any) -> str | None:
+    """Checker of the simulated runner's ``devices``: device name -> its own latency-model options
+    (a mixed pool: ``devices = { "cuda:1" = { per_item_ms = 0.5, memory_items = 8 } }``)."""
+    if not isinstance(value, dict):
+        return f"expected a table of device name -> options, got {value!r}"
+    for device, options in value.items():
+        if not re.match(r"^(cpu|cuda:\d+)$", device):
+            return f"{device!r} is not a device (cpu, cuda:N)"
+        if not isinstance(options, dict):
+            return f"{device}: expected a table of options, got {options!r}"
+        for name, option in options.items():
+            check = SIMULATED_OPTIONS.get(name)
+            problem = (f"unknown option (known: {', '.join(SIMULATED_OPTIONS)})" if check is None
+                       else check(option))
+            if problem:
+                return f"{device}.{name}: {problem}"
+    return None
+
+
+def simulated_options(options: dict[str, Any], device: str) -> dict[str, Any]:
+    """A simulated runner's latency-model options on `device`: its own ``devices`` entry over the rest."""
+    return {**{k: v for k, v in options.items() if k != "devices"}, **options.get("devices", {}).get(device, {})}
+
+
 class SimulatedRunner(Runner):
     """A latency model of an accelerator: base + per item + per token, slept for real.
 
@@ -149,6 +178,7 @@ class SimulatedRunner(Runner):
     (memory_items / memory_tokens, 0 = none) past which a batch raises
     OutOfMemory after oom_ms of device time (what a failed attempt wastes; 0
     by default). The same options drive `dynbatchd.simulate.DeviceModel`.
+    ``devices`` gives one device of a mixed pool options of its own.
     Output per input: [input length, tokens] as float32, so a client can
     check that it got its own answer. Every figure it produces is labelled
     simulated.
@@ -156,14 +186,13 @@ class SimulatedRunner(Runner):
 
     simulated = True
     NAME = "simulated"
-    OPTIONS = {"base_ms": milliseconds, "per_item_ms": milliseconds, "per_token_ms": milliseconds,
-               "memory_items": count(0), "memory_tokens": count(0), "oom_ms": milliseconds}
+    OPTIONS = {**SIMULATED_OPTIONS, "devices": per_device}
 
     def __init__(self, device, options):
         super().__init__(device, options)
         from dynbatchd.simulate.devices import DeviceModel
 
-        self.model = DeviceModel.from_options(options)
+        self.model = DeviceModel.from_options(simulated_options(options, device))
 
     def run(self, inputs, tokens):
         try:
