@@ -34,7 +34,31 @@ def export(ref: str, into: Path) -> Path:
     with tarfile.open(fileobj=BytesIO(archive)) as tar:
         tar.extractall(into, filter="data")
     (into / "dynbatchd_plugins").symlink_to(into / "plugins")
+    shadow_entry_points(into)
     return into
+
+
+def shadow_entry_points(tree: Path) -> None:
+    """Give `tree` its own `dynbatchd` distribution metadata, built from its pyproject.toml.
+
+    The installed (editable) dynbatchd registers this tree's plugins as entry points; an
+    older tree would load them too and fail on hooks it does not know. importlib.metadata
+    keeps the first distribution of a name on sys.path, so a dist-info at the front of
+    PYTHONPATH makes the other tree load exactly its own plugins."""
+    import tomllib
+    project = tomllib.loads((tree / "pyproject.toml").read_text())["project"]
+    info = tree / f"dynbatchd-{project.get('version', '0')}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: dynbatchd\nVersion: {project.get('version', '0')}\n")
+    lines = []
+    for group, points in project.get("entry-points", {}).items():
+        lines.append(f"[{group}]")
+        lines += [f"{name} = {target}" for name, target in points.items()]
+    scripts = project.get("scripts", {})
+    if scripts:
+        lines.append("[console_scripts]")
+        lines += [f"{name} = {target}" for name, target in scripts.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
 
 
 def run_side(tree: Path, only: str, quick: bool) -> dict[str, tuple[float, float | None]]:

@@ -20,6 +20,7 @@ the engine hands it back in every Dispatch and Answer.
 
 from __future__ import annotations
 
+import copy
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Sequence
@@ -49,6 +50,7 @@ class Job:
     cache_key: Hashable | None = None   # None: never served from or stored in the cache
     cache_rule: Any = None              # the cache policy's CacheRule; None: looked up, stored by frequency
     warmup: bool = False                # nobody waits for it; its result only fills the cache
+    shadow: bool = False                # a copy run under a canary's settings: judged, never answered
     item: Item | None = None            # the scheduler's entry, once queued (for cancel)
 
 
@@ -80,6 +82,21 @@ class Outcome:
     problem: str | None = None     # the device answered in a way that cannot be split: all fail
 
 
+@dataclass(slots=True, eq=False)
+class Split:
+    """A channel's traffic shared with a twin channel that runs candidate settings (a live canary).
+
+    `judge` (see `dynbatchd.tuning.canary.Canary`) says which requests the twin takes and, from
+    what each side did, when to stop: ``takes_next()``, ``record(candidate, on_time, latency_ns)``,
+    ``record_batch(candidate, device_ns)``, ``decide(now_ns) -> verdict | None``. With `shadow`,
+    the twin runs copies of the requests it takes and nobody gets their results."""
+    channel: str
+    twin: str
+    judge: Any
+    shadow: bool = False
+    verdict: Any = None
+
+
 @dataclass(slots=True)
 class Loss:
     answers: list[Answer]
@@ -104,7 +121,8 @@ class Engine:
                  queue_lead_ns: int = 1_000_000, cache: Any = None, freeze: Callable[[Any], Any] = lambda o: o,
                  fingerprint: Callable[[Any], Hashable] | None = None, now_ns: int = 0,
                  on_isolation: Callable[[str, str, "Job"], None] | None = None,
-                 device_limits: Sequence[tuple[int, int]] | None = None):
+                 device_limits: Sequence[tuple[int, int]] | None = None,
+                 on_verdict: Callable[[Split], None] | None = None):
         self.scheduler = Scheduler(channels)
         # (most items, most tokens) one batch may carry on each device (0: no limit): a mixed pool's
         # smaller device gets a batch cut to its own size, the rest waits for the next device.
@@ -115,6 +133,10 @@ class Engine:
         # devices of different sizes learn an out-of-memory each for itself; alike, the channel's sizer does
         self.mixed_pool = len(set(self.device_limits)) > 1
         self.on_isolation = on_isolation   # (rule, action, job): an isolation decision, for the audit trail
+        self.on_verdict = on_verdict       # a canary's split ended (its verdict is on the Split)
+        self.splits: dict[str, Split] = {}        # incumbent channel -> its running canary
+        self._arms: dict[str, tuple[Split, bool]] = {}   # channel -> (its split, whether it is the candidate)
+        self.retiring: set[str] = set()           # twins whose canary ended: removed once empty
         self.channels = channels
         self.devices = [Device(name, DeviceStats(name, since_ns=now_ns)) for name in devices]
         self.inflight = inflight
@@ -157,6 +179,22 @@ class Engine:
             channel.stats.failed += 1
             return Answer(job.payload, P.MODEL_ERROR, "this input made the model's worker die twice; "
                                                       "it is quarantined until the daemon restarts")
+        split = self.splits.get(job.channel) if self.splits and not job.warmup else None
+        if split is not None and split.judge.takes_next():
+            if split.shadow:
+                self._queue(Job(job.model, split.twin, job.tokens, job.deadline_ms, job.payload, job.tenant,
+                                shadow=True), now_ns)
+            else:
+                job.channel, channel = split.twin, self.channels[split.twin]
+        if self._queue(job, now_ns):
+            return None
+        wait = channel.refused_wait_ns
+        why = (f"queue is full ({channel.settings.queue_limit})" if wait is None else
+               f"backlogged: the predicted wait ({wait / 1e6:.0f} ms) and its own run end past its deadline")
+        return Answer(job.payload, P.OVERLOADED, f"channel {job.channel!r} {why}")
+
+    def _queue(self, job: Job, now_ns: int) -> bool:
+        """Hand `job` to the scheduler; False: its channel refused it (full, or backlogged past its deadline)."""
         self._keys += 1
         item = Item(self._keys, job.model, now_ns, now_ns + int(job.deadline_ms * 1e6), job.tokens, job.tenant,
                     job, job.channel, warmup=job.warmup)
@@ -167,11 +205,9 @@ class Engine:
                 idle = idle or not d.held
         if self.scheduler.submit(item, now_ns, usable, bool(idle)):
             job.item = item
-            return None
-        wait = channel.refused_wait_ns
-        why = (f"queue is full ({channel.settings.queue_limit})" if wait is None else
-               f"backlogged: the predicted wait ({wait / 1e6:.0f} ms) and its own run end past its deadline")
-        return Answer(job.payload, P.OVERLOADED, f"channel {job.channel!r} {why}")
+            return True
+        self._judged(job.channel, False, 0, now_ns)
+        return False
 
     def _isolation(self, rule: str, action: str, job: Job) -> None:
         if action == "refused":
@@ -236,6 +272,8 @@ class Engine:
         if self.warmup_backlog and not self.stopped:
             self._feed_warmup(now_ns)
         self._wakeup = None
+        if self.splits or self.retiring:
+            self._review_splits(now_ns)
         if not self.scheduler.depth():
             return dispatches, answers
         views = self._views()   # one snapshot, kept current as batches are placed
@@ -303,6 +341,62 @@ class Engine:
         """When the last step() wants to run again if nothing else happens first."""
         return self._wakeup
 
+    # -- canaries -----------------------------------------------------------------
+    def start_split(self, channel: str, twin: Channel, judge: Any, *, shadow: bool = False) -> Split:
+        """Share `channel`'s traffic with `twin` (the candidate's settings) as `judge` says, until it
+        decides; the twin starts with what the channel has learned of its cost on each device."""
+        if self.splits:
+            raise ValueError(f"a canary of channel {next(iter(self.splits))!r} is already running")
+        if twin.name in self.channels:
+            raise ValueError(f"channel {twin.name!r} still exists (a canary that ended is still draining)")
+        incumbent = self.channels[channel]
+        twin.cost = copy.deepcopy(incumbent.cost)
+        for (name, device), speed in list(self.device_speed.items()):
+            if name == channel:
+                self.device_speed[(twin.name, device)] = speed
+        self.scheduler.add_channel(twin)
+        split = self.splits[channel] = Split(channel, twin.name, judge, shadow)
+        self._arms[channel], self._arms[twin.name] = (split, False), (split, True)
+        return split
+
+    def end_split(self, channel: str, verdict: Any) -> Split | None:
+        """Stop sharing `channel`'s traffic (the judge's verdict, or an operator's); what the twin
+        holds still runs there, and the twin is removed once it is empty."""
+        split = self.splits.pop(channel, None)
+        if split is None:
+            return None
+        split.verdict = verdict
+        self._arms.pop(split.channel, None)
+        self._arms.pop(split.twin, None)
+        self.retiring.add(split.twin)
+        if self.on_verdict is not None:
+            self.on_verdict(split)
+        return split
+
+    def _judged(self, channel: str, on_time: bool, latency_ns: int, now_ns: int) -> None:
+        arm = self._arms.get(channel) if self._arms else None
+        if arm is None:
+            return
+        split, candidate = arm
+        split.judge.record(candidate, on_time, latency_ns)
+        verdict = split.judge.decide(now_ns)
+        if verdict is not None:
+            self.end_split(split.channel, verdict)
+
+    def _review_splits(self, now_ns: int) -> None:
+        """A canary whose time is up ends even without traffic; an ended twin goes once empty."""
+        for split in list(self.splits.values()):
+            verdict = split.judge.decide(now_ns)
+            if verdict is not None:
+                self.end_split(split.channel, verdict)
+        for twin in list(self.retiring):
+            if not self.channels[twin].depth and not any(b.channel == twin for d in self.devices
+                                                          for b, _ in d.held.values()):
+                self.retiring.discard(twin)
+                self.scheduler.remove_channel(twin)
+                for key in [k for k in self.device_speed if k[0] == twin]:
+                    del self.device_speed[key]
+
     # -- device events ----------------------------------------------------------
     def device_up(self, device: int) -> None:
         d = self.devices[device]
@@ -343,6 +437,9 @@ class Engine:
             ratio = min(100.0, max(0.01, outcome.compute_ns / expected))
             self.device_speed[key] = self.device_speed.get(key, 1.0) * 0.95 + 0.05 * ratio
         self.scheduler.completed(batch, outcome.compute_ns, now_ns)
+        arm = self._arms.get(batch.channel) if self._arms else None
+        if arm is not None:
+            arm[0].judge.record_batch(arm[1], outcome.compute_ns)
         if outcome.oom:
             self._out_of_memory(device, batch)
         answers: list[Answer] = []
@@ -365,6 +462,7 @@ class Engine:
                                "always" if job.warmup else job.cache_rule.store if job.cache_rule else "filter")
             if job.warmup:
                 continue
+            self._judged(batch.channel, now_ns <= item.deadline_ns, now_ns - item.arrival_ns, now_ns)
             total_us = (now_ns - item.arrival_ns) // 1000   # queue: all of it but compute (hand-over included)
             timing = P.Timing(max(0, total_us - compute_us), compute_us, total_us, n, batch.channel,
                               dev.name, outcome.simulated)
@@ -372,7 +470,8 @@ class Engine:
             if now_ns > item.deadline_ns:
                 stats.late += 1
             stats.latency.record(total_us)
-            answers.append(Answer(job.payload, OK, output=output, timing=timing))
+            if not job.shadow:   # a canary's copy: judged, never answered
+                answers.append(Answer(job.payload, OK, output=output, timing=timing))
         return answers
 
     def _out_of_memory(self, device: int, batch: Batch) -> None:
@@ -469,11 +568,14 @@ class Engine:
         job: Job = item.payload
         if job.warmup:   # nobody waits for it
             return
+        if code != P.CANCELLED:
+            self._judged(item.channel, False, now_ns - item.arrival_ns, now_ns)
         stats = self.channels[item.channel].stats
         if code != P.DEADLINE_EXCEEDED:   # expiries are counted where the scheduler expires them
             stats.failed += 1
         stats.latency.record((now_ns - item.arrival_ns) // 1000)
-        out.append(Answer(job.payload, code, message))
+        if not job.shadow:
+            out.append(Answer(job.payload, code, message))
 
     def snapshot(self, now_ns: int) -> dict[str, Any]:
         return {"channels": self.scheduler.snapshot(now_ns),
@@ -481,4 +583,6 @@ class Engine:
                                                                          "source": self.limit_sources[i]}}
                             for i, (d, (items, tokens)) in enumerate(zip(self.devices, self.device_limits))],
                 "quarantined": len(self.quarantine),
-                "warmup_backlog": len(self.warmup_backlog)}
+                "warmup_backlog": len(self.warmup_backlog),
+                "canaries": {name: {"twin": s.twin, "shadow": s.shadow, **s.judge.figures(now_ns)}
+                             for name, s in self.splits.items()}}

@@ -68,7 +68,7 @@ class Operations:
         devices = [{**d, **(self.pool.describe(i) if self.pool else {}),
                     **({"gpu": dataclasses.asdict(gpus[d["device"]])} if d["device"] in gpus else {})}
                    for i, d in enumerate(snap["devices"])]
-        deadlines = {name: c.deadline_ms for name, c in self.config.channels.items()}
+        deadlines = {name: c.settings.deadline_ms for name, c in self.engine.channels.items()}   # a twin's too
         return {
             "daemon": {"version": __version__, "pid": os.getpid(), "state": self.state,
                        "uptime_s": round((now - self.started_ns) / 1e9, 3), "config": self.config.source,
@@ -83,7 +83,65 @@ class Operations:
             "devices": devices,
             "cache": {**self.cache.snapshot(), "warmup_backlog": snap["warmup_backlog"]} if self.cache is not None else None,
             "compliance": self.audit.snapshot(),
+            "canary": self.canary_report(),
         }
+
+    # -- canary -------------------------------------------------------------
+    def start_canary(self, channel: str, changes: dict[str, Any], share: float, seconds: float,
+                     shadow: bool) -> dict[str, Any]:
+        """Run `changes` on `share` of `channel`'s live traffic (copies of it with `shadow`) in a twin
+        channel for `seconds`; the engine's judge then promotes them or rolls back (`_canary_ended`).
+        The candidate is checked by the same rules and compliance plugins as a config file."""
+        from dynbatchd.tuning.canary import CANARY_SUFFIX, Canary   # the tuning package only when asked
+
+        candidate = cfgmod.with_channel(self.config, channel, **changes)
+        validate_config(candidate, self.plugins)
+        twin = channel + CANARY_SUFFIX
+        built = build_channels({twin: candidate.channels[channel]}, self.plugins.window_policies(),
+                               self.plugins.batch_sizers())[twin]
+        judge = Canary(share, int(seconds * 1e9), self.clock(), shadow=shadow)
+        self.engine.on_verdict = self._canary_ended
+        self.engine.start_split(channel, built, judge, shadow=shadow)
+        self.canary_changes[channel] = dict(changes)
+        self.canary_ends.pop(channel, None)
+        log.info("canary of channel %s started: %s on %.0f%% of its traffic%s for %.0f s", channel,
+                 ", ".join(f"{k}={v}" for k, v in changes.items()), 100 * share, " (shadow copies)" if shadow else "",
+                 seconds)
+        self._schedule_pump()
+        return self.canary_report()
+
+    def stop_canary(self, channel: str) -> dict[str, Any]:
+        """End a running canary now, as a rollback."""
+        from dynbatchd.tuning.canary import ROLLBACK, Verdict
+
+        split = self.engine.splits.get(channel)
+        if split is None:
+            raise KeyError(channel)
+        self.engine.end_split(channel, Verdict(ROLLBACK, "stopped by the operator",
+                                               split.judge.figures(self.clock())))
+        return self.canary_report()
+
+    def _canary_ended(self, split: Any) -> None:
+        """The judge's verdict (or a stop): a promotion becomes the channel's setting, as a tune
+        would make it (runtime only); a rollback leaves the incumbent as it runs."""
+        verdict, changes = split.verdict, self.canary_changes.pop(split.channel, {})
+        action = verdict.action
+        if action == "promote":
+            try:
+                self.apply_config(cfgmod.with_channel(self.config, split.channel, **changes))
+            except ConfigError as exc:   # the config changed under the canary (a reload): keep what runs
+                action, verdict.reason = "rollback", f"promotion refused: {exc}"
+        self.canary_ends[split.channel] = {"action": action, "reason": verdict.reason, "changes": changes,
+                                           "shadow": split.shadow, **verdict.figures}
+        log.info("canary of channel %s ended: %s: %s", split.channel, action, verdict.reason)
+
+    def canary_report(self) -> dict[str, Any]:
+        """The running canary (its figures so far) and how the last one of each channel ended."""
+        now = self.clock()
+        running = {name: {"twin": s.twin, "shadow": s.shadow, "changes": self.canary_changes.get(name, {}),
+                          "duration_s": s.judge.duration_ns / 1e9, **s.judge.figures(now)}
+                   for name, s in self.engine.splits.items()}
+        return {"running": running, "ended": dict(self.canary_ends)}
 
     def metrics_page(self) -> str:
         return render_metrics(self.status(), {name: c.stats.latency.lifetime
@@ -105,8 +163,8 @@ class Operations:
         needs_restart = [key for key in ("daemon", "devices", "models", "cache")
                          if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
         rebuilt = build_channels(new.channels, self.plugins.window_policies(), self.plugins.batch_sizers())
-        for name, channel in self.engine.channels.items():
-            channel.retune(new.channels[name], rebuilt[name])
+        for name, settings in new.channels.items():   # a canary's twin keeps the candidate's settings
+            self.engine.channels[name].retune(settings, rebuilt[name])
         self.config = new if not needs_restart else msgspec.structs.replace(
             new, daemon=old.daemon, devices=old.devices, models=old.models, cache=old.cache)
         self._schedule_pump()

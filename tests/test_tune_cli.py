@@ -51,9 +51,10 @@ def daemon(monkeypatch, tmp_path):
     config.write_text(shipped.replace("\n[daemon]\n", f'\n[daemon]\nstate_dir = "{tmp_path / "state"}"\n', 1))
     fake = FakeDaemon()
     monkeypatch.setattr(ctl, "control_call", fake)
-    # --window 0: this fake's counters stand still, so its rate meter is the observation
+    # --window 0: this fake's counters stand still, so its rate meter is the observation;
+    # --canary replay: it has no live traffic to run a canary on
     fake.invoke = lambda *a: runner.invoke(ctl.app, ["--control", "ipc:///ctl", "--config", str(config), *a,
-                                                     *(["--window", "0"] if "--auto" in a else [])])
+                                                     *(["--window", "0", "--canary", "replay"] if "--auto" in a else [])])
     return fake
 
 

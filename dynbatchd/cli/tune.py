@@ -5,9 +5,14 @@ By hand: ``tune CHANNEL --window-ms 20``. ``--auto [CHANNEL]``: the loop of
 (refusing when they are too few), fit the channel's model, search settings on
 the simulator (or take ``--candidate``), assess the risk on recent and burst
 traffic, run a canary against the incumbent on a replay of the channel's
-traffic, then promote or roll back. ``--history`` shows every step,
+traffic, then promote or roll back. The canary runs in the daemon on a share
+of the channel's live traffic (``--canary live``, the default), on copies of
+it whose results are discarded (``--canary shadow``), or on the simulator
+replaying the channel's traffic (``--canary replay``). A live canary that
+the daemon judges bad is rolled back by the daemon itself, even if this
+command is gone. ``--history`` shows every step,
 ``--rollback CHANNEL`` restores the settings before the last change. Every
-predicted figure is SIMULATED. Applied settings are runtime-only, like a
+predicted figure (and a replayed canary's) is SIMULATED. Applied settings are runtime-only, like a
 manual tune: the config file stays the one source of truth, and the history
 prints what to write into it.
 """
@@ -126,6 +131,10 @@ def tune(ctx: typer.Context,
                                             help="With --auto: share of the channel's traffic the candidate serves."),
          canary_seconds: float = typer.Option(10.0, "--canary-seconds", min=1.0,
                                               help="With --auto: how long the canary runs."),
+         canary_mode: str = typer.Option("live", "--canary", metavar="live|shadow|replay",
+                                         help="With --auto: the candidate serves its share of the live "
+                                              "traffic (live), runs copies of it whose results are "
+                                              "discarded (shadow), or is judged on a SIMULATED replay."),
          seed: int = typer.Option(1, "--seed", help="With --auto: random seed (the loop is deterministic)."),
          window: float = typer.Option(10.0, "--window", min=0.0,
                                       help="With --auto: seconds of live traffic to observe (status read at "
@@ -164,9 +173,12 @@ def tune(ctx: typer.Context,
             wanted = parse_candidate(candidate) if candidate else None
         except ValueError as exc:
             raise fail(str(exc), 2) from None
+        if canary_mode not in ("live", "shadow", "replay"):
+            raise fail(f"--canary is live, shadow or replay; not {canary_mode!r}", 2)
         return run_loop(ctx, channel, wanted, dict(trials=trials, duration=duration, target=target,
                                                     threshold=risk_threshold, share=canary_share,
-                                                    seconds=canary_seconds, seed=seed, window=window), as_json)
+                                                    seconds=canary_seconds, seed=seed, window=window,
+                                                    canary=canary_mode), as_json)
     if not changes:
         raise fail("give at least one setting, e.g. --window-ms 20 (or --auto, --history, --rollback)", 2)
     try:   # the ranges of a config file, here, so a value msgpack cannot even carry is one clear line
@@ -302,23 +314,55 @@ def _tune_one(ctx: typer.Context, cfg: cfgmod.Config, status: dict[str, Any], na
         _note(ctx, name, "refused", assessment.reason, after=chosen.as_dict(), figures=assessment.predicted)
         return {**report, "outcome": "refused", "reason": assessment.reason}
     _note(ctx, name, "risk", assessment.reason, after=chosen.as_dict(), figures=assessment.predicted)
-    canary = canaries.Canary(opts["share"], int(opts["seconds"] * 1e9), 0)
-    replayed = dataclasses.replace(model, duration_s=opts["seconds"], seed=opts["seed"] + 1)
-    verdict, _ = canaries.replay(canary, name, cfg.channels[name], evaluate.config_for(chosen).channels[name],
-                                 replayed.traffic(), replayed, **evaluate.kw)
-    report["canary"] = {"action": verdict.action, "reason": verdict.reason, **verdict.figures, "simulated": True}
-    _note(ctx, name, "canary", f"{verdict.action}: {verdict.reason}", after=chosen.as_dict(), figures=report["canary"])
-    if verdict.action != canaries.PROMOTE:
-        _note(ctx, name, "rollback", verdict.reason, before=chosen.as_dict(), after=incumbent.as_dict())
-        return {**report, "outcome": "rolled_back", "reason": verdict.reason}
-    running = cfg.channels[name]
-    before = _loop_settings(cfgmod.to_dict(running))
     window = recommender.apply(cfg, name, chosen).channels[name].window
-    data = _call(ctx, "tune", channel=name, max_batch=chosen.max_batch, window_ms=chosen.window_ms,
-                 window=cfgmod.to_dict(window) if window is not None else None)
-    _note(ctx, name, "promote", verdict.reason, before=before, after=_loop_settings(data),
-          figures=report["canary"])
-    return {**report, "outcome": "promoted", "reason": verdict.reason}
+    changes = dict(max_batch=chosen.max_batch, window_ms=chosen.window_ms,
+                   window=cfgmod.to_dict(window) if window is not None else None)
+    before = _loop_settings(cfgmod.to_dict(cfg.channels[name]))
+    if opts["canary"] == "replay":
+        canary = canaries.Canary(opts["share"], int(opts["seconds"] * 1e9), 0)
+        replayed = dataclasses.replace(model, duration_s=opts["seconds"], seed=opts["seed"] + 1)
+        verdict, _ = canaries.replay(canary, name, cfg.channels[name], evaluate.config_for(chosen).channels[name],
+                                     replayed.traffic(), replayed, **evaluate.kw)
+        report["canary"] = {"action": verdict.action, "reason": verdict.reason, **verdict.figures,
+                            "mode": "replay", "simulated": True}
+    else:
+        report["canary"] = {**_live_canary(ctx, name, changes, opts), "mode": opts["canary"], "simulated": False}
+    action, reason = report["canary"]["action"], report["canary"]["reason"]
+    _note(ctx, name, "canary", f"{action}: {reason}", after=chosen.as_dict(), figures=report["canary"])
+    if action != canaries.PROMOTE:
+        _note(ctx, name, "rollback", reason, before=chosen.as_dict(), after=incumbent.as_dict())
+        return {**report, "outcome": "rolled_back", "reason": reason}
+    if opts["canary"] == "replay":   # a live canary's promotion is the daemon's own
+        _call(ctx, "tune", channel=name, **changes)
+    _note(ctx, name, "promote", reason, before=before, after=_channel_now(ctx, name), figures=report["canary"])
+    return {**report, "outcome": "promoted", "reason": reason}
+
+
+def _live_canary(ctx: typer.Context, name: str, changes: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+    """Start the canary in the daemon and follow it to its verdict (the daemon promotes or rolls back
+    by itself; Ctrl-C here stops it as a rollback)."""
+    _call(ctx, "canary", action="start", channel=name, share=opts["share"], seconds=opts["seconds"],
+          shadow=opts["canary"] == "shadow", **changes)
+    give_up = time.monotonic() + opts["seconds"] + 60   # the judge ends it on time; this is a backstop
+    try:
+        with err.status(f"canary of {escape(name)}: {100 * opts['share']:g}% of its live traffic for "
+                        f"{opts['seconds']:g} s") as shown:
+            while True:
+                state = _call(ctx, "canary")
+                if name in state["ended"] and name not in state["running"]:
+                    return state["ended"][name]
+                if time.monotonic() > give_up:
+                    return _call(ctx, "canary", action="stop", channel=name)["ended"][name]
+                now = state["running"].get(name)
+                if now:
+                    shown.update(f"canary of {escape(name)}: {now['seconds']:.0f}/{now['duration_s']:g} s, candidate "
+                                 f"on time {100 * now['candidate']['on_time']:.2f}% of {now['candidate']['answered']}, "
+                                 f"running setting {100 * now['incumbent']['on_time']:.2f}%")
+                time.sleep(0.5)   # a human-scale refresh while the daemon judges
+    except KeyboardInterrupt:
+        stopped = _call(ctx, "canary", action="stop", channel=name)["ended"][name]
+        _note(ctx, name, "rollback", "canary stopped by Ctrl-C", after=_channel_now(ctx, name), figures=stopped)
+        raise
 
 
 def _bench_fit(ctx: typer.Context, evaluate: Any, name: str) -> dict[str, Any] | None:
@@ -367,7 +411,9 @@ def _print_report(r: dict[str, Any]) -> None:
         def p99(arm: dict[str, Any]) -> str:
             return f"{arm['p99_ms']:.1f} ms" if arm["p99_ms"] is not None else "over the SLO"
 
-        out.print(f"  canary ({100 * c['share']:g}% for {c['seconds']:g} s, SIMULATED replay): candidate on time "
+        where = {"replay": "SIMULATED replay", "live": "live traffic",
+                 "shadow": "shadow copies of live traffic"}[c.get("mode", "replay")]
+        out.print(f"  canary ({100 * c['share']:g}% for {c['seconds']:g} s, {where}): candidate on time "
                   f"{100 * c['candidate']['on_time']:.2f}%, p99 {p99(c['candidate'])}; running setting "
                   f"{100 * c['incumbent']['on_time']:.2f}%, p99 {p99(c['incumbent'])}", highlight=False, soft_wrap=True)
     word = {"kept": "kept", "refused": "refused", "rolled_back": "rolled back", "promoted": "promoted"}[r["outcome"]]

@@ -68,6 +68,46 @@ def tune(daemon, channel: str, **changes: Any) -> dict[str, Any]:
     return cfgmod.to_dict(daemon.config.channels[channel])
 
 
+CANARY_KEYS = ("max_batch", "window_ms", "window")   # what a canary may try: what the tuning loop changes
+
+
+def canary(daemon, action: str = "status", channel: str | None = None, share: float = 0.1,
+           seconds: float = 60.0, shadow: bool = False, **changes: Any) -> dict[str, Any]:
+    """`canary [action=status]` -> {"running": {channel: figures}, "ended": {channel: verdict}};
+    `canary action=start channel=NAME [max_batch=N] [window_ms=F] [window={...}] [share=0.1]
+    [seconds=60] [shadow=false]` runs the changes on `share` of the channel's live traffic in a
+    twin channel NAME~canary (with `shadow`, on copies whose results are discarded) and promotes
+    them (runtime only, as `tune`) or rolls back when the time is up, or early on too many misses;
+    `canary action=stop channel=NAME` ends it now as a rollback. One canary at a time.
+    """
+    if action == "status":
+        return daemon.canary_report()
+    if action not in ("start", "stop"):
+        raise CommandError(f"canary action is status, start or stop; not {action!r}")
+    if channel not in daemon.config.channels:
+        raise CommandError(f"no channel named {channel!r}")
+    if action == "stop":
+        try:
+            return daemon.stop_canary(channel)
+        except KeyError:
+            raise CommandError(f"no canary of channel {channel!r} is running") from None
+    unknown = sorted(set(changes) - set(CANARY_KEYS))
+    if unknown or not changes:
+        raise CommandError(f"a canary tries {', '.join(CANARY_KEYS)}" + (f"; not {', '.join(unknown)}" if unknown else ""))
+    if not isinstance(share, (int, float)) or not 0 < share <= 0.5:
+        raise CommandError("share is above 0 and at most 0.5 (the incumbent keeps most of the traffic)")
+    if not isinstance(seconds, (int, float)) or not 1 <= seconds <= 86_400:
+        raise CommandError("seconds is between 1 and 86400")
+    if daemon.state != "serving":
+        raise CommandError(f"the daemon is {daemon.state}: a canary needs live traffic")
+    try:
+        return daemon.start_canary(channel, changes, float(share), float(seconds), bool(shadow))
+    except ConfigError as exc:
+        raise CommandError(f"refused: {exc.key}: {exc.rule}") from None
+    except ValueError as exc:   # one already runs, or the last one's twin is still draining
+        raise CommandError(str(exc)) from None
+
+
 def reload(daemon) -> dict[str, Any]:
     """`reload` -> {"needs_restart": [...]}: re-read the config file (same as SIGHUP)."""
     try:
@@ -98,5 +138,5 @@ def stop(daemon) -> dict[str, Any]:
 
 COMMANDS: dict[str, Callable[..., Any]] = {
     "ping": ping, "status": status, "plugins": plugins, "config": config,
-    "tune": tune, "reload": reload, "warmup": warmup, "stop": stop,
+    "tune": tune, "canary": canary, "reload": reload, "warmup": warmup, "stop": stop,
 }

@@ -51,6 +51,18 @@ class Scheduler:
         self._next_batch_id = 0
         self._recent = {name: 0.0 for name in channels}  # device time dispatched, decayed per batch
 
+    def add_channel(self, channel: Channel) -> None:
+        """A channel that joins at run time (a canary's twin)."""
+        self.channels[channel.name] = channel
+        self._recent[channel.name] = 0.0
+
+    def remove_channel(self, name: str) -> None:
+        """Remove an empty channel (the caller knows none of its batches is still running)."""
+        if self.channels[name].depth:
+            raise ValueError(f"channel {name!r} still holds requests")
+        del self.channels[name]
+        self._recent.pop(name, None)
+
     SHARE_MEMORY = 0.99  # each batch, older dispatches count 1% less: shares follow the last ~100 batches
 
     def _count_share(self, name: str, device_ns: float) -> None:

@@ -62,11 +62,15 @@ class Verdict:
 
 
 class Canary:
+    """`shadow`: the candidate runs copies of its share while the incumbent serves everything, so
+    the incumbent's figures weigh the whole traffic (not 1 - share of it)."""
+
     def __init__(self, share: float, duration_ns: int, started_ns: int, *, margin: float = 0.002,
-                 p99_margin: float = 0.05, abort_misses: int = 20, min_answered: int = 50):
+                 p99_margin: float = 0.05, abort_misses: int = 20, min_answered: int = 50, shadow: bool = False):
         if not 0 < share < 1:
             raise ValueError("the canary share is between 0 and 1 (exclusive)")
         self.share, self.duration_ns, self.started_ns = share, duration_ns, started_ns
+        self.rest = 1.0 if shadow else 1 - share   # the incumbent's share of the traffic
         self.margin, self.p99_margin, self.abort_misses, self.min_answered = margin, p99_margin, abort_misses, min_answered
         self.incumbent, self.candidate = Arm(), Arm()
         self._seq = 0
@@ -90,14 +94,14 @@ class Canary:
         span = (now_ns - self.started_ns) / 1e9
         return {"share": self.share, "seconds": round(span, 3),
                 "candidate": self.candidate.figures(self.share, span),
-                "incumbent": self.incumbent.figures(1 - self.share, span)}
+                "incumbent": self.incumbent.figures(self.rest, span)}
 
     def decide(self, now_ns: int) -> Verdict | None:
         """The verdict once the time is up (or early, on too many misses); None while it runs."""
         if self.verdict is not None:
             return self.verdict
         c, i = self.candidate, self.incumbent
-        allowed = (i.answered - i.on_time) * self.share / (1 - self.share)
+        allowed = (i.answered - i.on_time) * self.share / self.rest
         if (c.answered - c.on_time) - allowed >= self.abort_misses:
             return self._end(ROLLBACK, f"the candidate missed {c.answered - c.on_time} requests, "
                              f"{self.abort_misses}+ more than its share of the incumbent's misses ({allowed:.0f})", now_ns)
@@ -114,7 +118,7 @@ class Canary:
         if c.p99_ms() > i.p99_ms() * (1 + self.p99_margin):
             return self._end(ROLLBACK, f"p99 {_ms(c.p99_ms())} against the incumbent's {_ms(i.p99_ms())} "
                              "(misses count as infinitely late)", now_ns)
-        more = c.on_time / self.share > i.on_time / (1 - self.share) * 1.001
+        more = c.on_time / self.share > i.on_time / self.rest * 1.001
         cheaper = c.device_ns / max(c.answered, 1) < i.device_ns / max(i.answered, 1) * 0.98
         if not (more or cheaper):
             return self._end(ROLLBACK, "no worse, but not better on on-time throughput or device time per request",
