@@ -3,7 +3,8 @@
 No daemon is needed. The model's dimensions come from its own config.json
 (the model named in the config file, or a model directory given directly);
 device memory from ``--memory-gb`` (which wins), else NVML (GPU ``--gpu``),
-else the config's ``devices.memory_gb``. The config file is found as every
+else the config's ``devices.memory_gb``; where that is a table by device (a
+mixed pool), one plan per device (``--json``: a list). The config file is found as every
 command finds it (`dynbatchd.config.find_config`). Memory figures are GiB (2^30 bytes), as GPU
 vendors count them. The model is `dynbatchd.scheduler.sizing.plan_memory`.
 """
@@ -86,7 +87,7 @@ def device_memory(cfg: cfgmod.Config | None, memory_gb: float | None, gpu: int) 
     found = nvml_memory(gpu)
     if found is not None:
         return {"name": found[0], "total_bytes": found[1], "source": f"NVML (GPU {gpu})"}
-    if cfg is not None and cfg.devices.memory_gb > 0:
+    if cfg is not None and not isinstance(cfg.devices.memory_gb, dict) and cfg.devices.memory_gb > 0:
         return {"name": "device", "total_bytes": int(cfg.devices.memory_gb * GIB),
                 "source": f"{cfg.source}: devices.memory_gb"}
     raise PlanError("device memory unknown: NVML sees no GPU; pass --memory-gb or set devices.memory_gb")
@@ -105,6 +106,27 @@ def channel_rows(cfg: cfgmod.Config | None, mp: MemoryPlan) -> list[dict[str, An
                      "max_tokens_fits": None if not ch.max_tokens or token_budget is None
                      else ch.max_tokens <= token_budget})
     return rows
+
+
+def build_plans(config: Path | None, model: str | None, memory_gb: float | None, seq_len: int | None,
+                dtype: str | None, headroom: float, reserve_gb: float | None, gpu: int,
+                profile: str | None = None) -> dict[str, Any] | list[dict[str, Any]]:
+    """One plan, or one per device where the config's ``devices.memory_gb`` is a table by device
+    (a mixed pool) and neither --memory-gb nor --profile names one memory for all."""
+    path = cfgmod.find_config(config)
+    try:
+        cfg = cfgmod.load(path) if path is not None else None
+    except cfgmod.ConfigError as exc:
+        raise PlanError(str(exc)) from None
+    table = cfg.devices.memory_gb if cfg is not None else None
+    if memory_gb is not None or profile is not None or not isinstance(table, dict) or not table:
+        return build_plan(config, model, memory_gb, seq_len, dtype, headroom, reserve_gb, gpu, profile)
+    plans = []
+    for device, gb in table.items():
+        data = build_plan(config, model, gb, seq_len, dtype, headroom, reserve_gb, gpu)
+        data["device"].update(name=device, source=f"{cfg.source}: devices.memory_gb.{device}")
+        plans.append(data)
+    return plans
 
 
 def build_plan(config: Path | None, model: str | None, memory_gb: float | None, seq_len: int | None,
@@ -194,14 +216,19 @@ def plan(ctx: typer.Context,
                                                help="Device profile (h100-80gb, l4-24gb, cpu-16core or a TOML "
                                                     "file) whose memory to plan for; --memory-gb wins."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
-    """Max batch per channel for a model on a device, from the model's config.json, with the arithmetic shown."""
+    """Max batch per channel for a model on a device, from the model's config.json, with the arithmetic shown
+    (one plan per device where the config's devices.memory_gb is a table by device)."""
     config = config or getattr(ctx.obj, "config", None)   # the global dynbatchctl --config
     try:
-        data = build_plan(config, model, memory_gb, seq_len, dtype, headroom, reserve_gb, gpu, profile)
+        data = build_plans(config, model, memory_gb, seq_len, dtype, headroom, reserve_gb, gpu, profile)
     except PlanError as exc:
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        render(data, Console())
+        console = Console()
+        for i, one in enumerate(data if isinstance(data, list) else [data]):
+            if i:
+                console.print()
+            render(one, console)

@@ -1,0 +1,78 @@
+"""`dynbatchctl plan` with a mixed pool: one plan per device of ``devices.memory_gb``'s table, and
+the same figure the live daemon gives its engine for that device."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from dynbatchd import config as cfgmod
+from dynbatchd.cli import plan as planmod
+from dynbatchd.memory import GIB, device_limits
+
+app = typer.Typer()
+app.command()(planmod.plan)
+
+
+@app.callback()
+def _group() -> None:
+    """Stands in for dynbatchctl: `plan` is a subcommand."""
+
+
+LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
+            "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "vocab_size": 128256}
+
+
+@pytest.fixture
+def config(tmp_path, monkeypatch):
+    monkeypatch.setattr(planmod, "nvml_memory", lambda index: None)
+    monkeypatch.delenv("DYNBATCHD_CONFIG", raising=False)
+    model = tmp_path / "llama"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(LLAMA_8B))
+    with open(model / "model.safetensors", "wb") as f:
+        f.truncate(14 * GIB)                                 # sparse: sized, not written
+    path = tmp_path / "dynbatchd.toml"
+    path.write_text(f"""
+[devices]
+use = ["cuda:0", "cuda:1"]
+memory_gb = {{ "cuda:0" = 80, "cuda:1" = 24 }}
+[models.llama]
+runner = "callable"
+options = {{ target = "x:y", path = "{model}", max_tokens = 4096 }}
+[channels.standard]
+max_batch = 64
+window_ms = 100
+""")
+    return path
+
+
+def invoke(*args: str):
+    return CliRunner().invoke(app, ["plan", *args], env={"COLUMNS": "200"})
+
+
+def test_a_table_of_memory_by_device_gives_one_plan_per_device(config):
+    result = invoke("--config", str(config), "--json")
+    assert result.exit_code == 0, result.output
+    plans = json.loads(result.stdout)
+    assert [(p["device"]["name"], p["device"]["total_bytes"]) for p in plans] == [("cuda:0", 80 * GIB),
+                                                                                   ("cuda:1", 24 * GIB)]
+    assert plans[0]["device"]["source"].endswith("devices.memory_gb.cuda:0")
+    # 80·0.8 − 14 − 1 = 49 GiB → 98 requests of 512 MiB; 24·0.8 − 14 − 24·0.05 = 4 GiB → 8.
+    assert [p["memory"]["max_batch"] for p in plans] == [98, 8]
+    assert [p["channels"][0]["status"] for p in plans] == ["fits", "lower to 8"]
+    # The live daemon sizes each device's batches with the same arithmetic.
+    cfg = cfgmod.load(config)
+    assert [lim.items for lim in device_limits(cfg, ["cuda:0", "cuda:1"])] == [98, 8]
+
+
+def test_the_tables_show_each_device_and_memory_gb_still_plans_one(config):
+    result = invoke("--config", str(config))
+    assert result.exit_code == 0, result.output
+    assert "on cuda:0 80.00 GiB" in result.stdout and "on cuda:1 24.00 GiB" in result.stdout
+    one = json.loads(invoke("--config", str(config), "--memory-gb", "40", "--json").stdout)
+    assert isinstance(one, dict) and one["device"]["source"] == "--memory-gb"
