@@ -7,8 +7,10 @@ from __future__ import annotations
 import time
 
 import pytest
+from typer.testing import CliRunner
 
 from conftest import start_daemon
+from dynbatchd.cli import dynbatchctl as ctl
 from dynbatchd.client import Client, DynbatchdError
 from helpers import wait_until
 
@@ -90,6 +92,9 @@ def test_a_shadow_canary_runs_copies_nobody_receives(daemon):
     state = daemon.call("canary")["running"]["standard"]
     assert state["shadow"] and state["candidate"]["answered"] > 0.2 * len(replies)
     assert state["incumbent"]["answered"] == len(replies)
+    shown = CliRunner().invoke(ctl.app, ["--control", daemon.control, "status", "--wide"])
+    assert shown.exit_code == 0 and "canary of standard (max_batch=8, window_ms=2)" in shown.output
+    assert "as shadow copies in standard~canary" in shown.output
     stopped = daemon.call("canary", action="stop", channel="standard")["ended"]["standard"]
     assert stopped["action"] == "rollback" and stopped["reason"] == "stopped by the operator"
     assert daemon.call("config")["channels"]["standard"]["max_batch"] == 16

@@ -307,6 +307,13 @@ def status_view(data: dict[str, Any], console: Console | None = None, wide: bool
                                       f"  health {d['health']['score']:.2f}" if "health" in d else "")]
     parts.append(fitted_table("channels", CHANNEL_COLUMNS, list(data["channels"].items()), console, width))
     parts.append(fitted_table("devices", DEVICE_COLUMNS, [(w,) for w in data["devices"]], console, width))
+    for name, c in ((data.get("canary") or {}).get("running") or {}).items():
+        changes = ", ".join(f"{k}={v}" for k, v in c["changes"].items() if v is not None)
+        parts.append(Text(f"canary of {name} ({changes}): {100 * c['share']:g}% of its traffic"
+                          f"{' as shadow copies' if c['shadow'] else ''} in {c['twin']}, "
+                          f"{c['seconds']:.0f}/{c['duration_s']:g} s; on time: candidate "
+                          f"{_pct(c['candidate']['on_time'])} of {c['candidate']['answered']}, running setting "
+                          f"{_pct(c['incumbent']['on_time'])} of {c['incumbent']['answered']}"))
     if data.get("cache"):
         c = data["cache"]
         parts.append(Text(f"cache: {c['entries']}/{c['capacity']} entries, hit rate {_pct(c['hit_rate'])}, "
