@@ -339,8 +339,8 @@ class Channel:
 
     def _feasible_first(self, lane: Lane, start: int, limit: int, cap: int, long_first: bool,
                         budget_ns: int | None = None) -> list[Item]:
-        """The requests to run now when more wait than one batch takes: each must finish by its
-        deadline, as long as every member still does; cheapest first (the most on time per
+        """The requests to run now: each must finish by its deadline, as long as every member
+        still does; cheapest first (the most on time per
         unit of device time). While long requests are owed their share (`LongShare`), the long
         ones come first, still cheapest first: the floor is device time, and the cheapest long
         requests pay it back with the most of them on time (longest first spent the same device
