@@ -5,7 +5,10 @@ a cost curve in the simulated device's terms (`DeviceModel`), memory, power
 draw and price. For a traffic shape, the peak hour's arrivals run through the
 daemon's own engine (`dynbatchd.simulate.simulate`) on N simulated devices;
 the smallest N whose run holds every channel's on-time target is found by
-doubling, then bisection (assuming more devices never hold less). The same
+doubling, then bisection (assuming more devices never hold less). A mixed pool
+is several profiles (``h100-80gb,l4-24gb``): one device of each makes a unit,
+N units are searched for, each device simulated with its own cost curve and
+its batches cut to its own memory (`simulate(size_for_device=True)`). The same
 search with every channel's max_batch at 1 is the pool without batching.
 Cost and energy follow from the pool by plain arithmetic, which the report
 prints. The claims of the guide are checked against what this traffic gives.
@@ -18,7 +21,7 @@ import random
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Mapping
+from typing import Annotated, Any, Mapping, Sequence
 
 import msgspec
 from msgspec import Meta
@@ -87,6 +90,14 @@ def load_profile(spec: str | Path) -> Profile:
     return profile
 
 
+def load_pool(spec: str) -> list[Profile]:
+    """``h100-80gb`` or ``h100-80gb,l4-24gb``: the profile of each device of one unit of the pool."""
+    names = [part.strip() for part in str(spec).split(",")]
+    if not all(names):
+        raise cfgmod.ConfigError(str(spec), "", "a pool is profile names separated by commas, e.g. h100-80gb,l4-24gb")
+    return [load_profile(name) for name in names]
+
+
 # -- traffic --------------------------------------------------------------------
 @dataclass(frozen=True)
 class Traffic:
@@ -143,8 +154,10 @@ class Sizing:
                        "mean_batch": self.result.mean_batch(name)}
                 for name, g in self.result.stats("channel").items()}
 
-    def busy_s_per_request(self) -> float:
-        return sum(b.compute_ns for b in self.result.batches) / SECOND / max(1, len(self.result.arrivals))
+    def busy_s_per_request(self, kinds: int = 1, kind: int | None = None) -> float:
+        """Device seconds per request, of every device or (`kind` of `kinds`) of one kind of a mixed pool."""
+        spent = sum(b.compute_ns for b in self.result.batches if kind is None or b.device % kinds == kind)
+        return spent / SECOND / max(1, len(self.result.arrivals))
 
 
 def targets_for(channels: Mapping[str, Any], target: float, priority_target: float) -> dict[str, float]:
@@ -172,19 +185,22 @@ def _why_not(trial: Trial, targets: Mapping[str, float]) -> str:
               "(a faster profile, a lower target, or routing long requests elsewhere)")
 
 
-def smallest_pool(channels: Mapping[str, Any], arrivals: list[Arrival], model: DeviceModel,
+def smallest_pool(channels: Mapping[str, Any], arrivals: list[Arrival], model: DeviceModel | Sequence[DeviceModel],
                   targets: Mapping[str, float], *, limit: int = 4096, **sim: Any) -> tuple[int, list[Trial], SimResult]:
     """The fewest devices whose simulated run holds every channel's target (a channel with no
-    traffic holds trivially), with every trial made."""
+    traffic holds trivially), with every trial made. `model`: one device, or the devices of one
+    unit of a mixed pool (the pool is then searched in whole units)."""
+    unit = list(model) if isinstance(model, (list, tuple)) else [model]
     trials: list[Trial] = []
     results: dict[int, SimResult] = {}
 
     def holds(n: int) -> bool:
-        r = simulate(channels, arrivals, device=model, devices=n, **sim)
+        pool = dict(device=unit[0], devices=n) if len(unit) == 1 else dict(device=unit * n)
+        r = simulate(channels, arrivals, **pool, **sim)
         results[n] = r
         on_time = {name: g.on_time_fraction for name, g in r.stats("channel").items()}
         ok = all(v >= targets.get(name, 0.0) for name, v in on_time.items())
-        trials.append(Trial(n, ok, on_time))
+        trials.append(Trial(n * len(unit), ok, on_time))
         return ok
 
     lo, hi = 0, 1                      # lo: known to fail (0 devices always does), hi: to try
@@ -200,13 +216,16 @@ def smallest_pool(channels: Mapping[str, Any], arrivals: list[Arrival], model: D
             hi = mid
         else:
             lo = mid
-    return hi, trials, results[hi]
+    return hi * len(unit), trials, results[hi]
 
 
-def size(channels: Mapping[str, Any], arrivals: list[Arrival], profile: Profile, targets: Mapping[str, float],
-         batching: bool, **sim: Any) -> Sizing:
+def size(channels: Mapping[str, Any], arrivals: list[Arrival], profile: Profile | Sequence[Profile],
+         targets: Mapping[str, float], batching: bool, **sim: Any) -> Sizing:
+    """The smallest pool of `profile` devices (several profiles: of units of one device each)."""
     chans = dict(channels) if batching else unbatched(channels)
-    n, trials, result = smallest_pool(chans, arrivals, profile.device(), targets, **sim)
+    kinds = list(profile) if isinstance(profile, (list, tuple)) else [profile]
+    models = [k.device() for k in kinds]
+    n, trials, result = smallest_pool(chans, arrivals, models if len(models) > 1 else models[0], targets, **sim)
     return Sizing(n, trials, result, batching)
 
 
@@ -219,8 +238,15 @@ def energy_per_request_j(devices: int, profile: Profile, busy_s_per_request: flo
     """Joules per request over a day on an always-on pool: every device draws idle power all day,
     plus (busy - idle) for the device time each request takes (as measured at the peak, where batches
     are fullest, so off-peak hours are if anything underestimated)."""
-    idle = devices * profile.power_idle_w * SECONDS_PER_DAY
-    busy = (profile.power_busy_w - profile.power_idle_w) * busy_s_per_request * requests_per_day
+    return pool_energy_j(devices, [profile], [busy_s_per_request], requests_per_day)
+
+
+def pool_energy_j(devices: int, kinds: Sequence[Profile], busy_s: Sequence[float], requests_per_day: float) -> float:
+    """`energy_per_request_j` for a pool of `devices` made of equal numbers of each of `kinds`, each
+    kind with its own device seconds per request (`busy_s`)."""
+    units = devices / len(kinds)
+    idle = units * sum(k.power_idle_w for k in kinds) * SECONDS_PER_DAY
+    busy = sum((k.power_busy_w - k.power_idle_w) * b for k, b in zip(kinds, busy_s)) * requests_per_day
     return (idle + busy) / requests_per_day
 
 
@@ -238,20 +264,37 @@ def nvml_power() -> dict[str, Any] | None:
 
 @dataclass
 class Plan:
-    """One profile's pools with and without batching, and the arithmetic on them."""
-    profile: Profile
+    """One profile's pools (or a mixed pool's, `profile` a list) with and without batching, and the
+    arithmetic on them."""
+    profile: Profile | list[Profile]
     batched: Sizing
     unbatched: Sizing
     traffic: Traffic
     targets: dict[str, float] = field(default_factory=dict)
 
+    @property
+    def kinds(self) -> list[Profile]:
+        return list(self.profile) if isinstance(self.profile, (list, tuple)) else [self.profile]
+
     def pool(self, s: Sizing) -> dict[str, Any]:
-        busy = s.busy_s_per_request()
-        return {"devices": s.devices, "monthly_cost": monthly_cost(s.devices, self.profile.price_per_hour),
-                "energy_j_per_request": energy_per_request_j(s.devices, self.profile, busy,
-                                                             self.traffic.requests_per_day),
-                "busy_ms_per_request": busy * 1000, "utilisation": s.result.utilisation(),
+        kinds = self.kinds
+        busy = [s.busy_s_per_request(len(kinds), k) for k in range(len(kinds))]
+        units = s.devices // len(kinds)
+        return {"devices": s.devices, "units": units,
+                "monthly_cost": monthly_cost(units, sum(k.price_per_hour for k in kinds)),
+                "energy_j_per_request": pool_energy_j(s.devices, kinds, busy, self.traffic.requests_per_day),
+                "busy_ms_per_request": s.busy_s_per_request() * 1000, "utilisation": s.result.utilisation(),
                 "channels": s.channels(), "trials": [t.__dict__ for t in s.trials]}
+
+    def profile_dict(self) -> dict[str, Any]:
+        """The profile; for a mixed pool, the unit's name, price and sources, each device's under "devices"."""
+        kinds = self.kinds
+        if len(kinds) == 1:
+            return profile_dict(kinds[0])
+        names = [k.name for k in kinds]
+        return {"name": "+".join(names), "description": "a mixed pool, per unit one " + ", one ".join(names),
+                "estimate": any(k.estimate for k in kinds), "source": "; ".join(f"{k.name}: {k.source}" for k in kinds),
+                "price_per_hour": sum(k.price_per_hour for k in kinds), "devices": [profile_dict(k) for k in kinds]}
 
     def as_dict(self) -> dict[str, Any]:
         b, u = self.pool(self.batched), self.pool(self.unbatched)
@@ -262,11 +305,7 @@ class Plan:
         lo, hi = CLAIMS["fewer_devices"]
         return {
             "simulated": True,
-            "profile": {"name": self.profile.name, "description": self.profile.description,
-                        "estimate": self.profile.estimate, "source": self.profile.source,
-                        "memory_gb": self.profile.memory_gb, "power_idle_w": self.profile.power_idle_w,
-                        "power_busy_w": self.profile.power_busy_w, "price_per_hour": self.profile.price_per_hour,
-                        "cost": msgspec.structs.asdict(self.profile.cost)},
+            "profile": self.profile_dict(),
             "batched": b, "unbatched": u, "targets": self.targets,
             "savings": {"devices": saved, "energy_per_request": energy, "monthly_cost": u["monthly_cost"] - b["monthly_cost"]},
             "claims": [
@@ -279,8 +318,14 @@ class Plan:
         }
 
 
-def plan(channels: Mapping[str, Any], traffic: Traffic, profile: Profile, targets: Mapping[str, float],
-         **sim: Any) -> Plan:
+def profile_dict(p: Profile) -> dict[str, Any]:
+    return {"name": p.name, "description": p.description, "estimate": p.estimate, "source": p.source,
+            "memory_gb": p.memory_gb, "power_idle_w": p.power_idle_w, "power_busy_w": p.power_busy_w,
+            "price_per_hour": p.price_per_hour, "cost": msgspec.structs.asdict(p.cost)}
+
+
+def plan(channels: Mapping[str, Any], traffic: Traffic, profile: Profile | list[Profile],
+         targets: Mapping[str, float], **sim: Any) -> Plan:
     arrivals = traffic.arrivals()
     if not arrivals:
         raise ValueError("the traffic has no arrivals in the simulated span: raise --requests-per-day or --duration")

@@ -3,7 +3,8 @@
 Offline, no daemon needed. Channels and routing come from the config (as
 `simulate` finds it); the device from a profile (`dynbatchd.capacity`). Every
 figure is SIMULATED from the profile's cost curve, whose figures are the
-profile's (shipped ones are ESTIMATES, each file says how derived).
+profile's (shipped ones are ESTIMATES, each file says how derived). Several
+profiles make a mixed pool, searched in units of one device of each.
 """
 
 from __future__ import annotations
@@ -48,8 +49,10 @@ def build(config: Path | None, requests_per_day: str, peak_factor: float, durati
     sim = dict(inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms, routing=cfg.routing,
                plugins=plugins, window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(),
                size_for_device=True)   # batches cut to the profile's memory limits, as a sized pool is
-    plans = [cap.plan(cfg.channels, traffic, cap.load_profile(p), targets, **sim).as_dict()
-             for p in ([profile] + ([compare] if compare else []))]
+    plans = []
+    for spec in [profile] + ([compare] if compare else []):
+        kinds = cap.load_pool(spec)   # several, comma-separated: a mixed pool, one device of each per unit
+        plans.append(cap.plan(cfg.channels, traffic, kinds if len(kinds) > 1 else kinds[0], targets, **sim).as_dict())
     data: dict[str, Any] = {
         "simulated": True, "config": str(path),
         "traffic": {"requests_per_day": traffic.requests_per_day, "peak_factor": peak_factor,
@@ -73,11 +76,16 @@ def render(data: dict[str, Any], out: Console) -> None:
               f"({t['trace'] or 'Poisson'}, tokens: {t['tokens']}); channels from {data['config']}", highlight=False)
     for p in data["plans"]:
         prof = p["profile"]
-        c = prof["cost"]
-        out.print(f"\n[bold]{prof['name']}[/bold]: {prof['description']} — {c['base_ms']:g} ms + "
-                  f"{c['per_item_ms']:g} ms/request + {c['per_token_ms']:g} ms/token, {prof['memory_gb']:g} GB, "
-                  f"{prof['power_idle_w']:g}-{prof['power_busy_w']:g} W, ${prof['price_per_hour']:.2f}/h"
-                  + (" [yellow](ESTIMATES)[/yellow]" if prof["estimate"] else ""), highlight=False)
+        if "devices" in prof:
+            out.print(f"\n[bold]{prof['name']}[/bold]: {prof['description']}, ${prof['price_per_hour']:.2f}/h a unit",
+                      highlight=False)
+        for kind in prof.get("devices", [prof]):
+            c = kind["cost"]
+            out.print(("  " if "devices" in prof else "\n") + f"[bold]{kind['name']}[/bold]: {kind['description']} — "
+                      f"{c['base_ms']:g} ms + {c['per_item_ms']:g} ms/request + {c['per_token_ms']:g} ms/token, "
+                      f"{kind['memory_gb']:g} GB, {kind['power_idle_w']:g}-{kind['power_busy_w']:g} W, "
+                      f"${kind['price_per_hour']:.2f}/h" + (" [yellow](ESTIMATES)[/yellow]" if kind["estimate"] else ""),
+                      highlight=False)
         out.print(f"[dim]source: {escape(prof['source'])}[/dim]", highlight=False)
         table = Table(title=f"{prof['name']}: pool at the peak hour (SIMULATED)")
         for col in ("", "devices", "monthly cost", "J/request", "device ms/request", "utilisation", "searched"):
@@ -85,7 +93,7 @@ def render(data: dict[str, Any], out: Console) -> None:
         for label, key in (("with batching", "batched"), ("without (max_batch 1)", "unbatched")):
             s = p[key]
             table.add_row(label, str(s["devices"]),
-                          f"{s['devices']}×${prof['price_per_hour']:.2f}×{data['hours_per_month']:g}h="
+                          f"{s['units']}×${prof['price_per_hour']:.2f}×{data['hours_per_month']:g}h="
                           f"{_money(s['monthly_cost'])}",
                           f"{s['energy_j_per_request']:.3f}", f"{s['busy_ms_per_request']:.3f}",
                           f"{100 * s['utilisation']:.1f}%",
@@ -175,7 +183,8 @@ def capacity(ctx: typer.Context,
                                                        "ContextTokens), its mean rate scaled to the peak rate."),
              profile: str = typer.Option("h100-80gb", "--profile",
                                          help=f"Device profile: shipped ({', '.join(cap.shipped_profiles())}) "
-                                              "or a TOML file."),
+                                              "or a TOML file; several, comma-separated, for a mixed pool "
+                                              "(h100-80gb,l4-24gb: one device of each per unit)."),
              compare: Optional[str] = typer.Option(None, "--compare-profile",
                                                    help="A second profile to size side by side, e.g. several "
                                                         "small GPUs against one large one."),
