@@ -190,7 +190,7 @@ def dynbatchd_front_doors() -> dict[str, Any]:
     ``"starting"`` until they have; a start that raises OSError stops the
     daemon's start, naming the door's ``listen`` attribute if it has one)
     and stopped after the daemon drained. `daemon_api` is a
-    `dynbatchd.service.LocalDoor`: ``await api.infer(request)`` submits a
+    `dynbatchd.doors.LocalDoor`: ``await api.infer(request)`` submits a
     `dynbatchd.protocol.Request` through the same routing, compliance, cache
     and engine as a ZeroMQ request and returns its answer (``code``,
     ``message``, ``output``, ``timing``); ``api.state`` and ``api.models``

@@ -1,4 +1,5 @@
-"""What operators ask of a running daemon: status, metrics, tune and reload, warmup.
+"""What operators ask of a running daemon: status, metrics, tune and reload, a canary, warmup,
+stop and drain; and the records kept for them (the top-users sketch, the compliance audit).
 
 A mixin of `dynbatchd.service.Daemon`, kept apart from the request path: the
 control commands (`dynbatchd.control.commands`) and the metrics page call
@@ -7,6 +8,7 @@ these; none of them touches a socket.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -15,19 +17,41 @@ from typing import Any
 import msgspec
 
 from dynbatchd import __version__, config as cfgmod, protocol as P, systemd
-from dynbatchd.config import Config, ConfigError
+from dynbatchd.config import Config, ConfigError, state_path
 from dynbatchd.devices.batches import Pending
 from dynbatchd.devices.observer import gpu_readings
 from dynbatchd.engine import Job
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import daemon_health
+from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE
 from dynbatchd.validation import validate_config
 
 log = logging.getLogger("dynbatchd")
 
 
 class Operations:
+    # -- the top-users sketch ---------------------------------------------------
+    def top_users_path(self):
+        return state_path(self.config.daemon, TOP_USERS_FILE)
+
+    def save_top_users(self) -> None:
+        """Write the top-users sketch to the state directory, if it counted anything since the
+        last save (a daemon that sees no users writes nothing)."""
+        sketch = self.top_users
+        if sketch is None or sketch.observed == self._top_users_saved:
+            return
+        try:
+            sketch.save(self.top_users_path())
+            self._top_users_saved = sketch.observed
+        except OSError as exc:
+            log.error("could not save the top-users sketch in %s: %s", self.config.daemon.state_dir, exc.strerror)
+
+    async def _save_top_users_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.top_users.save_every_s)
+            self.save_top_users()
+
     # -- warmup -------------------------------------------------------------
     def warmup(self, model: str | None, top_users: int) -> dict[str, Any]:
         """Queue the inputs the warmup plugins name; they run in the warmup channel as it has room.
@@ -59,6 +83,45 @@ class Operations:
             return ("the daemon has observed no request with a user and a text input yet "
                     f"({self.top_users.observed} counted); clients set the request's \"user\" field")
         return "no warmup plugin named an input of these models for the top users"
+
+    # -- stopping -------------------------------------------------------------
+    def request_stop(self) -> None:
+        """First SIGTERM drains (answer what was accepted), a second one stops at once."""
+        if self.state == "draining":
+            log.warning("second stop signal: answering the rest shutting_down and exiting")
+            self._settled.set()
+        self.state = "draining"
+        systemd.notify("STOPPING=1")
+        self._stop.set()
+
+    async def _drain(self) -> None:
+        engine, started = self.engine, self.clock()
+        queued, running = engine.scheduler.depth(), sum(len(d.held) for d in engine.devices)
+        log.info("draining: %d queued, %d batches in flight", queued, running)
+        engine.drain()
+        self._pump()
+        timeout = self.config.daemon.drain_timeout_s
+        try:
+            await asyncio.wait_for(self._settled.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+        leftovers = engine.stop(self.clock())   # from here on a late result answers nobody twice
+        self._send(leftovers)
+        took = (self.clock() - started) / 1e9
+        if leftovers:
+            log.warning("drain stopped after %.1f s: %d requests answered shutting_down", took, len(leftovers))
+        else:
+            log.info("drain finished in %.1f s: every accepted request answered", took)
+
+    # -- compliance ---------------------------------------------------------------
+    def _refuse(self, envelope, request_id, channel: str, tenant: str | None, rule: str, reason: str) -> None:
+        self.engine.refused(channel)
+        self.audit.record(rule, "refused", channel, tenant, request_id)
+        self._reject(envelope, request_id, P.REFUSED, reason)
+
+    def _on_isolation(self, rule: str, action: str, job: Job) -> None:
+        request = job.payload.request if isinstance(job.payload, Pending) else None
+        self.audit.record(rule, action, job.channel, job.tenant, request.id if request is not None else None)
 
     # -- control ------------------------------------------------------------
     def status(self) -> dict[str, Any]:

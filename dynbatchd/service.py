@@ -31,70 +31,23 @@ from dynbatchd.control.server import ControlServer
 from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, fingerprint, freeze
 from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, device_names, pool_class
+from dynbatchd.doors import LocalEnvelope
 from dynbatchd.engine import OK, Answer, Engine, Job
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.memory import device_limits
-from dynbatchd.metrics import serve as serve_metrics
+from dynbatchd.listeners import StartupError, bind
 from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import NvmlProbe
-from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE, TopUsers
-from dynbatchd.transport import FrontEnd, validate as validate_request
+from dynbatchd.tenancy import tenant_of_key
+from dynbatchd.topusers import TopUsers
+from dynbatchd.transport import FrontEnd
 
 log = logging.getLogger("dynbatchd")
 
 ADMISSION_RULE = "admission-check"         # a plugin's dynbatchd_admit refused it (its reason says which)
-KEY_RULE = "key-without-tenant"            # CURVE on: the client key has no tenant in [compliance] key_tenants
-CLAIM_RULE = "tenant-not-of-key"           # CURVE on: the request claims a tenant its key does not belong to
-
-
-class StartupError(Exception):
-    """The daemon cannot start (an address in use...): one line for the operator, exit status 1."""
-
-
-class LocalEnvelope(list):
-    """Where the answer of a request from an in-process front door goes: a future, not a socket.
-    Its one element stands for the client identity (unique per request), as a ZeroMQ envelope's."""
-    __slots__ = ("future",)
-
-    def settle(self, answer: Answer) -> None:
-        if not self.future.done():
-            self.future.set_result(answer)
-
-
-class LocalDoor:
-    """What a front-door plugin may use of the daemon (see ``dynbatchd_front_doors``)."""
-
-    def __init__(self, daemon: "Daemon"):
-        self._daemon = daemon
-        self._seq = 0
-
-    @property
-    def state(self) -> str:
-        return self._daemon.state
-
-    @property
-    def models(self) -> dict[str, Any]:
-        return dict(self._daemon.config.models)
-
-    @property
-    def max_request_bytes(self) -> int:
-        return self._daemon.config.daemon.max_request_bytes
-
-    def infer(self, request: P.Request) -> "asyncio.Future[Answer]":
-        """Submit `request` as if it came in over ZeroMQ; the future gets its one answer."""
-        self._seq += 1
-        envelope = LocalEnvelope([b"local:%d" % self._seq])
-        envelope.future = asyncio.get_running_loop().create_future()
-        problem = validate_request(request, [])
-        if problem:
-            envelope.settle(Answer(None, P.BAD_REQUEST, problem))
-        elif self._daemon.state == "starting":   # the door opens before the models load (probes)
-            envelope.settle(Answer(None, P.UNAVAILABLE, "daemon is starting: its models are still loading"))
-        else:
-            self._daemon.on_request(envelope, request, [])
-        return envelope.future
+__all__ = ["Daemon", "StartupError"]
 
 
 class Daemon(Operations):
@@ -128,7 +81,7 @@ class Daemon(Operations):
         self.pool: DevicePool | None = None
         self.control: ControlServer | None = None
         self._queued: dict[tuple[bytes, Any], Job] = {}   # (client identity, request id) -> job, for cancel
-        self._doors: list[Any] = []   # started front-door plugins (dynbatchd_front_doors)
+        self.doors: list[Any] = []   # started front-door plugins (dynbatchd_front_doors)
         self.canary_changes: dict[str, dict[str, Any]] = {}   # channel -> what its running canary tries
         self.canary_ends: dict[str, dict[str, Any]] = {}      # channel -> how its last canary ended
 
@@ -136,7 +89,7 @@ class Daemon(Operations):
     async def run(self) -> int:
         loop = self.loop = asyncio.get_running_loop()
         ctx = zmq.Context.instance()
-        metrics = await self._bind(ctx)   # every address before any model loads: a clash fails in a second
+        metrics = await bind(self, ctx)   # every address before any model loads: a clash fails in a second
         ipc_dir = tempfile.mkdtemp(prefix="dynbatchd-")
         for sig, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
                              (signal.SIGHUP, self._reload_from_signal)):
@@ -171,50 +124,6 @@ class Daemon(Operations):
             watchdog.cancel()
         return code
 
-    async def _bind(self, ctx: zmq.Context) -> Any:
-        """Bind the control, request and metrics addresses and start the front-door plugins (so their
-        probes answer while the models load); StartupError names the one that failed.
-
-        With ``[daemon] curve`` on, the ZAP handler (`CurveServer`) starts first, so no tcp://
-        socket ever takes a handshake unchecked; the control socket's ipc:// file is mode 0660.
-        """
-        from dynbatchd.config import KeyFileError, UnsafeDirectory
-        from dynbatchd.transport import CurveServer
-
-        daemon = self.config.daemon
-        where, curve, metrics = "daemon.keys_dir", None, None
-        try:
-            self.curve = curve = CurveServer.for_settings(ctx, daemon)
-            where = daemon.control
-            self.control = ControlServer(ctx, daemon.control, self, curve=curve)
-            where = daemon.listen
-            self.front = FrontEnd(ctx, daemon.listen, daemon.max_request_bytes, self.on_request, curve=curve)
-            where = f"metrics {daemon.metrics_listen}"
-            metrics = await serve_metrics(daemon.metrics_listen, self.metrics_page) if daemon.metrics_listen else None
-            api = LocalDoor(self)
-            for name, factory in self.plugins.front_doors().items():
-                door = factory(self.config, api)
-                if door is not None:
-                    where = f"{name} {getattr(door, 'listen', '')}".strip()
-                    await door.start()
-                    self._doors.append(door)
-            return metrics
-        except (zmq.ZMQError, OSError, KeyFileError) as exc:
-            if metrics is not None:
-                metrics.close()
-            for part in (self.front, self.control):
-                if part is not None:
-                    part.io.sock.close(linger=0)
-            if curve is not None:
-                curve.close()
-            if isinstance(exc, KeyFileError):
-                reason = str(exc)
-            elif isinstance(exc, UnsafeDirectory):
-                reason = exc.strerror
-            else:
-                reason = os.strerror(exc.errno) if exc.errno else str(exc)
-            raise StartupError(f"{where}: {reason[:1].lower() + reason[1:]}") from None
-
     async def _serve(self) -> None:
         self.front.io.start(self.loop)
         observer = asyncio.ensure_future(observe_devices(self.engine, self.pool, self.clock, self._schedule_pump,
@@ -229,57 +138,8 @@ class Daemon(Operations):
         await self._drain()
         self.save_top_users()
 
-    # -- the top-users sketch ---------------------------------------------------
-    def top_users_path(self):
-        return state_path(self.config.daemon, TOP_USERS_FILE)
-
-    def save_top_users(self) -> None:
-        """Write the top-users sketch to the state directory, if it counted anything since the
-        last save (a daemon that sees no users writes nothing)."""
-        sketch = self.top_users
-        if sketch is None or sketch.observed == self._top_users_saved:
-            return
-        try:
-            sketch.save(self.top_users_path())
-            self._top_users_saved = sketch.observed
-        except OSError as exc:
-            log.error("could not save the top-users sketch in %s: %s", self.config.daemon.state_dir, exc.strerror)
-
-    async def _save_top_users_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.top_users.save_every_s)
-            self.save_top_users()
-
-    def request_stop(self) -> None:
-        """First SIGTERM drains (answer what was accepted), a second one stops at once."""
-        if self.state == "draining":
-            log.warning("second stop signal: answering the rest shutting_down and exiting")
-            self._settled.set()
-        self.state = "draining"
-        systemd.notify("STOPPING=1")
-        self._stop.set()
-
-    async def _drain(self) -> None:
-        engine, started = self.engine, self.clock()
-        queued, running = engine.scheduler.depth(), sum(len(d.held) for d in engine.devices)
-        log.info("draining: %d queued, %d batches in flight", queued, running)
-        engine.drain()
-        self._pump()
-        timeout = self.config.daemon.drain_timeout_s
-        try:
-            await asyncio.wait_for(self._settled.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
-        leftovers = engine.stop(self.clock())   # from here on a late result answers nobody twice
-        self._send(leftovers)
-        took = (self.clock() - started) / 1e9
-        if leftovers:
-            log.warning("drain stopped after %.1f s: %d requests answered shutting_down", took, len(leftovers))
-        else:
-            log.info("drain finished in %.1f s: every accepted request answered", took)
-
     async def _close(self, ipc_dir: str) -> None:
-        for door in self._doors:   # after the drain: every request they brought in was answered
+        for door in self.doors:   # after the drain: every request they brought in was answered
             await door.stop()
         if self.pool:
             await self.pool.stop()
@@ -309,7 +169,7 @@ class Daemon(Operations):
         tenant = request.tenant
         if front.curve and config.compliance.key_tenants and config.channels[channel].isolated:
             peer = None if isinstance(envelope, LocalEnvelope) else front.peer   # a front door has no key
-            tenant, refusal = self._tenant_of_key(peer, request.tenant)
+            tenant, refusal = tenant_of_key(config.compliance.key_tenants, peer, request.tenant)
             if refusal:
                 self._refuse(envelope, request.id, channel, request.tenant, *refusal)
                 return
@@ -334,28 +194,6 @@ class Daemon(Operations):
         else:
             self._queued[(envelope[0], request.id)] = job
             self._schedule_pump()
-
-    # -- compliance ---------------------------------------------------------------
-    def _tenant_of_key(self, key_name: str | None, claimed: str | None) -> tuple[str | None, tuple[str, str] | None]:
-        """With CURVE and ``[compliance] key_tenants``, an isolated channel's tenant is the client
-        key's, never the request's claim: (tenant, None), or (None, (rule, reason)) to refuse."""
-        tenant = self.config.compliance.key_tenants.get(key_name or "")
-        if tenant is None:
-            return None, (KEY_RULE, f"rule {KEY_RULE}: the client key {key_name!r} is mapped to no tenant in "
-                                    "[compliance] key_tenants, so it may not send to an isolated channel")
-        if claimed is not None and claimed != tenant:
-            return None, (CLAIM_RULE, f"rule {CLAIM_RULE}: the request claims tenant {claimed!r}, but its client "
-                                      f"key {key_name!r} belongs to another tenant")
-        return tenant, None
-
-    def _refuse(self, envelope, request_id, channel: str, tenant: str | None, rule: str, reason: str) -> None:
-        self.engine.refused(channel)
-        self.audit.record(rule, "refused", channel, tenant, request_id)
-        self._reject(envelope, request_id, P.REFUSED, reason)
-
-    def _on_isolation(self, rule: str, action: str, job: Job) -> None:
-        request = job.payload.request if isinstance(job.payload, Pending) else None
-        self.audit.record(rule, action, job.channel, job.tenant, request.id if request is not None else None)
 
     def _reject(self, envelope, request_id, code: str, message: str) -> None:
         if isinstance(envelope, LocalEnvelope):

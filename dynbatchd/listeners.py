@@ -1,0 +1,63 @@
+"""The daemon's addresses, bound before any model loads: a clash fails in a second, named."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from dynbatchd.config import KeyFileError, UnsafeDirectory
+from dynbatchd.control.server import ControlServer
+from dynbatchd.doors import LocalDoor
+from dynbatchd.metrics import serve as serve_metrics
+from dynbatchd.transport import CurveServer, FrontEnd
+
+if TYPE_CHECKING:
+    from dynbatchd.service import Daemon
+
+
+class StartupError(Exception):
+    """The daemon cannot start (an address in use...): one line for the operator, exit status 1."""
+
+
+async def bind(daemon: "Daemon", ctx: zmq.Context) -> Any:
+    """Bind the control, request and metrics addresses and start the front-door plugins (so their
+    probes answer while the models load); StartupError names the one that failed.
+
+    With ``[daemon] curve`` on, the ZAP handler (`CurveServer`) starts first, so no tcp://
+    socket ever takes a handshake unchecked; the control socket's ipc:// file is mode 0660.
+    """
+    settings = daemon.config.daemon
+    where, curve, metrics = "daemon.keys_dir", None, None
+    try:
+        daemon.curve = curve = CurveServer.for_settings(ctx, settings)
+        where = settings.control
+        daemon.control = ControlServer(ctx, settings.control, daemon, curve=curve)
+        where = settings.listen
+        daemon.front = FrontEnd(ctx, settings.listen, settings.max_request_bytes, daemon.on_request, curve=curve)
+        where = f"metrics {settings.metrics_listen}"
+        metrics = await serve_metrics(settings.metrics_listen, daemon.metrics_page) if settings.metrics_listen else None
+        api = LocalDoor(daemon)
+        for name, factory in daemon.plugins.front_doors().items():
+            door = factory(daemon.config, api)
+            if door is not None:
+                where = f"{name} {getattr(door, 'listen', '')}".strip()
+                await door.start()
+                daemon.doors.append(door)
+        return metrics
+    except (zmq.ZMQError, OSError, KeyFileError) as exc:
+        if metrics is not None:
+            metrics.close()
+        for part in (daemon.front, daemon.control):
+            if part is not None:
+                part.io.sock.close(linger=0)
+        if curve is not None:
+            curve.close()
+        if isinstance(exc, KeyFileError):
+            reason = str(exc)
+        elif isinstance(exc, UnsafeDirectory):
+            reason = exc.strerror
+        else:
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise StartupError(f"{where}: {reason[:1].lower() + reason[1:]}") from None
