@@ -222,7 +222,10 @@ def model_directory(runner: str, options: dict[str, Any]) -> tuple[Path, int | N
     if runner == "sentence-embedding":
         from dynbatchd.devices.runners import default_model_path
 
-        return Path(default_model_path()), options.get("max_tokens", 256)
+        try:
+            return Path(default_model_path()), options.get("max_tokens", 256)
+        except ImportError:   # the bundled model is not installed: the worker says so when it loads
+            return None
     return None
 
 

@@ -211,7 +211,8 @@ class CallableRunner(Runner):
     """A user's ``module:function`` taking a list of inputs and returning a list of outputs.
 
     Options: target (required). path (a model directory with a config.json)
-    and max_tokens describe the model for `dynbatchctl plan` only.
+    and max_tokens describe the model for `dynbatchctl plan` and the daemon's
+    per-device batch limits (`dynbatchd.memory.device_limits`); the function never sees them.
     """
 
     NAME = "callable"
