@@ -3,12 +3,12 @@ computes, an out-of-memory learned by the device that had it, and status showing
 
 from __future__ import annotations
 
-import json
 
 import pytest
+from rich.console import Console
 
 from dynbatchd import config as cfgmod
-from dynbatchd.cli.dynbatchctl import _limit_text
+from dynbatchd.cli.dynbatchctl import _limit_text, status_view
 from dynbatchd.config import ChannelSettings
 from dynbatchd.devices.runners import OptionError, SimulatedRunner, check_options
 from dynbatchd.engine import Engine, Job, Outcome
@@ -189,7 +189,11 @@ def test_a_live_mixed_pool_sizes_each_devices_batches_to_its_memory(tmp_path):
             sizes[t.device].append(t.batch_size)
         assert sizes["cuda:1"] and max(sizes["cuda:1"]) <= 3, sizes   # the small device took work, sized to it
         assert max(sizes["cuda:0"]) > 3                                 # the big one ran bigger batches
-        sources = [d["batch_limit"]["source"] for d in daemon.status()["devices"]]
-        assert sources == ["runner", "runner"]   # sized right: no out-of-memory to learn from
+        status = daemon.status()
+        assert [d["batch_limit"]["source"] for d in status["devices"]] == ["runner", "runner"]   # no OOM to learn
+        console = Console(width=200, record=True)
+        console.print(status_view(status, console))
+        shown = console.export_text()
+        assert "16 items (runner)" in shown and "3 items (runner)" in shown
     finally:
         daemon.stop()
