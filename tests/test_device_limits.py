@@ -3,7 +3,6 @@ computes, an out-of-memory learned by the device that had it, and status showing
 
 from __future__ import annotations
 
-
 import pytest
 from rich.console import Console
 
