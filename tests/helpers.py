@@ -25,6 +25,16 @@ def echo_or_fail(inputs):
     return [x for x in inputs]
 
 
+def oom_above_four(inputs):
+    """Each text's length; a batch of more than four runs out of memory (a device whose limit the
+    daemon does not know in advance, unlike the simulated runner's memory_items)."""
+    if len(inputs) > 4:
+        from dynbatchd.devices.execution import OutOfMemory
+
+        raise OutOfMemory(f"{len(inputs)} inputs do not fit")
+    return [float(len(x)) for x in inputs]
+
+
 def wait_until(predicate, timeout_s, interval_s=0.05, *, message="condition not met"):
     """Call `predicate` until it returns something truthy (and return that), sleeping `interval_s`
     between calls; fail (WaitTimeout, an AssertionError) with `message` after `timeout_s`."""

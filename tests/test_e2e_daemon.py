@@ -281,8 +281,8 @@ def test_sighup_reloads_and_a_refused_file_keeps_the_running_config(tmp_path):
 def test_out_of_memory_splits_the_batch_answers_everyone_and_lowers_the_limit(tmp_path):
     daemon = start_daemon(tmp_path, """
         [models.small]
-        runner = "simulated"
-        options = { base_ms = 1.0, memory_items = 4 }
+        runner = "callable"
+        options = { target = "helpers:oom_above_four" }
         [channels.standard]
         max_batch = 16
         window_ms = 50
@@ -293,7 +293,7 @@ def test_out_of_memory_splits_the_batch_answers_everyone_and_lowers_the_limit(tm
     try:
         with Client(daemon.endpoint) as client:
             futures = [client.submit("small", "x" * (i + 1)) for i in range(16)]
-            outputs = [f.result(timeout=60).output.tolist()[0] for f in futures]
+            outputs = [f.result(timeout=60).output for f in futures]
         assert outputs == [float(i + 1) for i in range(16)]
         assert daemon.status()["channels"]["standard"]["max_batch"] < 16
     finally:
