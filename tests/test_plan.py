@@ -105,11 +105,15 @@ def test_tables_show_the_steps_and_what_to_lower(config):
     assert "lower to 34" in out and "fits" in out
 
 
-def test_nvml_memory_wins_over_the_configured_figure(config, monkeypatch):
+def test_the_configured_figure_wins_over_nvml_as_in_the_daemon(config, monkeypatch, tmp_path):
     seen = []
     monkeypatch.setattr(planmod, "nvml_memory", lambda index: seen.append(index) or ("NVIDIA H200", 140 * GIB))
-    result = invoke("--config", str(config), "--gpu", "1", "--json")
-    data = json.loads(result.stdout)
+    data = json.loads(invoke("--config", str(config), "--gpu", "1", "--json").stdout)
+    assert not seen and data["device"]["source"].endswith("devices.memory_gb")
+    assert data["memory"]["total_bytes"] == 40 * GIB
+    bare = tmp_path / "bare.toml"   # no memory_gb in the config: NVML's
+    bare.write_text(config.read_text().replace("memory_gb = 40.0", ""))
+    data = json.loads(invoke("--config", str(bare), "--gpu", "1", "--json").stdout)
     assert seen == [1] and data["device"]["source"] == "NVML (GPU 1)" and data["device"]["name"] == "NVIDIA H200"
     assert data["memory"]["total_bytes"] == 140 * GIB
 

@@ -2,8 +2,8 @@
 
 No daemon is needed. The model's dimensions come from its own config.json
 (the model named in the config file, or a model directory given directly);
-device memory from ``--memory-gb`` (which wins), else NVML (GPU ``--gpu``),
-else the config's ``devices.memory_gb``; where that is a table by device (a
+device memory from ``--memory-gb`` (which wins), else the config's
+``devices.memory_gb``, else NVML (GPU ``--gpu``), the daemon's own order; where that is a table by device (a
 mixed pool), one plan per device (``--json``: a list). The config file is found as every
 command finds it (`dynbatchd.config.find_config`). Memory figures are GiB (2^30 bytes), as GPU
 vendors count them. The model is `dynbatchd.scheduler.sizing.plan_memory`.
@@ -84,12 +84,12 @@ def resolve_model(cfg: cfgmod.Config | None, model: str | None) -> tuple[str, Pa
 def device_memory(cfg: cfgmod.Config | None, memory_gb: float | None, gpu: int) -> dict[str, Any]:
     if memory_gb is not None:
         return {"name": "device", "total_bytes": int(memory_gb * GIB), "source": "--memory-gb"}
+    if cfg is not None and not isinstance(cfg.devices.memory_gb, dict) and cfg.devices.memory_gb > 0:
+        return {"name": "device", "total_bytes": int(cfg.devices.memory_gb * GIB),   # as the daemon sizes it
+                "source": f"{cfg.source}: devices.memory_gb"}
     found = nvml_memory(gpu)
     if found is not None:
         return {"name": found[0], "total_bytes": found[1], "source": f"NVML (GPU {gpu})"}
-    if cfg is not None and not isinstance(cfg.devices.memory_gb, dict) and cfg.devices.memory_gb > 0:
-        return {"name": "device", "total_bytes": int(cfg.devices.memory_gb * GIB),
-                "source": f"{cfg.source}: devices.memory_gb"}
     raise PlanError("device memory unknown: NVML sees no GPU; pass --memory-gb or set devices.memory_gb")
 
 
@@ -201,8 +201,8 @@ def plan(ctx: typer.Context,
                                              help="A model of the config, or a model directory / config.json "
                                                   "(default: the config's first model)."),
          memory_gb: Optional[float] = typer.Option(None, "--memory-gb", min=0.0,
-                                                   help="Device memory in GiB; wins over NVML (default: NVML, "
-                                                        "else devices.memory_gb)."),
+                                                   help="Device memory in GiB; wins over the config and NVML "
+                                                        "(default: devices.memory_gb, else NVML)."),
          seq_len: Optional[int] = typer.Option(None, "--seq-len", min=1,
                                                help="Tokens per request (default: the runner's max_tokens, "
                                                     "else max_position_embeddings)."),
