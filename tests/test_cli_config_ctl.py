@@ -241,5 +241,5 @@ def test_memory_gb_wins_over_nvml_in_the_code_and_the_page(monkeypatch):
     assert planmod.device_memory(None, 8.0, 0)["source"] == "--memory-gb"
     assert planmod.device_memory(None, None, 0)["source"] == "NVML (GPU 0)"
     page = " ".join((REPO / "man" / "dynbatchctl.1.rst").read_text().split())
-    assert "**--memory-gb** when given (it wins over NVML)" in page
+    assert "**--memory-gb** when given, else from ``[devices] memory_gb``, else from NVML" in page
     assert "NVML (else **--memory-gb**" not in page
