@@ -568,8 +568,7 @@ class Engine:
         job: Job = item.payload
         if job.warmup:   # nobody waits for it
             return
-        if code != P.CANCELLED:
-            self._judged(item.channel, False, now_ns - item.arrival_ns, now_ns)
+        self._judged(item.channel, False, now_ns - item.arrival_ns, now_ns)   # a miss (a cancel never comes here)
         stats = self.channels[item.channel].stats
         if code != P.DEADLINE_EXCEEDED:   # expiries are counted where the scheduler expires them
             stats.failed += 1
@@ -583,6 +582,4 @@ class Engine:
                                                                          "source": self.limit_sources[i]}}
                             for i, (d, (items, tokens)) in enumerate(zip(self.devices, self.device_limits))],
                 "quarantined": len(self.quarantine),
-                "warmup_backlog": len(self.warmup_backlog),
-                "canaries": {name: {"twin": s.twin, "shadow": s.shadow, **s.judge.figures(now_ns)}
-                             for name, s in self.splits.items()}}
+                "warmup_backlog": len(self.warmup_backlog)}

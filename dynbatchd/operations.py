@@ -163,7 +163,6 @@ class Operations:
         built = build_channels({twin: candidate.channels[channel]}, self.plugins.window_policies(),
                                self.plugins.batch_sizers())[twin]
         judge = Canary(share, int(seconds * 1e9), self.clock(), shadow=shadow)
-        self.engine.on_verdict = self._canary_ended
         self.engine.start_split(channel, built, judge, shadow=shadow)
         self.canary_changes[channel] = dict(changes)
         self.canary_ends.pop(channel, None)

@@ -69,7 +69,7 @@ class Daemon(Operations):
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
                              queue_lead_ns=int(config.devices.queue_lead_ms * 1e6), cache=self.cache,
                              freeze=freeze, fingerprint=fingerprint, now_ns=self.started_ns,
-                             on_isolation=self._on_isolation,
+                             on_isolation=self._on_isolation, on_verdict=self._canary_ended,
                              device_limits=device_limits(config, self.devices, NvmlProbe()))   # sized per device
         self.audit = AuditLog(config.compliance.audit_log or state_path(config.daemon, AUDIT_FILE))
         self._timer: asyncio.TimerHandle | None = None
