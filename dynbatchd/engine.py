@@ -21,6 +21,7 @@ the engine hands it back in every Dispatch and Answer.
 from __future__ import annotations
 
 import copy
+import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Sequence
@@ -51,7 +52,9 @@ class Job:
     cache_rule: Any = None              # the cache policy's CacheRule; None: looked up, stored by frequency
     warmup: bool = False                # nobody waits for it; its result only fills the cache
     shadow: bool = False                # a copy run under a canary's settings: judged, never answered
-    item: Item | None = None            # the scheduler's entry, once queued (for cancel)
+    # The scheduler's entry once queued (for cancel), held weakly: the entry holds this job,
+    # and a cycle per request would leave every answered request to the garbage collector.
+    item: weakref.ref[Item] | None = None
 
 
 @dataclass(slots=True)
@@ -204,7 +207,7 @@ class Engine:
                 usable += 1
                 idle = idle or not d.held
         if self.scheduler.submit(item, now_ns, usable, bool(idle)):
-            job.item = item
+            job.item = weakref.ref(item)
             return True
         self._judged(job.channel, False, 0, now_ns)
         return False
@@ -218,7 +221,7 @@ class Engine:
     def cancel(self, job: Job, now_ns: int) -> Answer | None:
         """The client withdrew `job`: still queued, it leaves the queue and is answered
         `cancelled`; already dispatched, it is answered when its batch ends (None)."""
-        item = job.item
+        item = job.item() if job.item is not None else None
         if item is None or not item.queued:
             return None
         channel = self.channels[item.channel]

@@ -226,7 +226,8 @@ def decode_checked(decoder: msgspec.msgpack.Decoder, raw: bytes, what: str, *fre
     except (msgspec.DecodeError, ValueError, TypeError) as exc:
         raise MalformedMessage(f"malformed {what}: {exc}") from None
     for name in free_form:
-        if too_deep(getattr(msg, name)):
+        value = getattr(msg, name)
+        if isinstance(value, (list, dict)) and too_deep(value):   # (a scalar or None: nothing to walk)
             raise MalformedMessage(f"malformed {what}: {name} nested deeper than {MAX_NESTING} levels")
     return msg
 

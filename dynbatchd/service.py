@@ -23,7 +23,7 @@ from typing import Any, Callable
 import msgspec
 import zmq
 
-from dynbatchd import __version__, protocol as P, systemd
+from dynbatchd import __version__, collector, protocol as P, systemd
 from dynbatchd.audit import FILE_NAME as AUDIT_FILE, AuditLog
 from dynbatchd.cache import ResultCache
 from dynbatchd.config import Config, state_path
@@ -101,7 +101,8 @@ class Daemon(Operations):
         self.pool = make_pool(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
                               ipc_dir=ipc_dir, restart_limit=self.config.devices.restart_limit,
                               on_result=self._on_result, on_lost=self._on_lost, on_ready=self._on_ready,
-                              on_gone=self._on_gone, log_level=self.config.daemon.log_level)
+                              on_gone=self._on_gone, on_read_done=self._pump_if_scheduled,
+                              log_level=self.config.daemon.log_level)
         log.info("dynbatchd %s starting: devices %s, models %s", __version__, ", ".join(self.devices),
                  ", ".join(self.config.models))
         starting = asyncio.ensure_future(self.pool.start(timeout_s=600))
@@ -129,6 +130,7 @@ class Daemon(Operations):
         observer = asyncio.ensure_future(observe_devices(self.engine, self.pool, self.clock, self._schedule_pump,
                                                          self.config.devices.batch_timeout_s))
         self.state = "serving"
+        collector.settle_for_serving()
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.daemon.listen}\nMAINPID={os.getpid()}")
         log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
         saver = asyncio.ensure_future(self._save_top_users_periodically())
@@ -224,10 +226,18 @@ class Daemon(Operations):
 
     # -- scheduling ---------------------------------------------------------
     def _schedule_pump(self) -> None:
-        """Many events in one loop turn (a burst of results) share one scheduling pass."""
+        """Many events in one loop turn (a burst of requests) share one scheduling pass."""
         if not self._pump_scheduled:
             self._pump_scheduled = True
-            self.loop.call_soon(self._pump)
+            self.loop.call_soon(self._pump_if_scheduled)
+
+    def _pump_if_scheduled(self) -> None:
+        """The scheduling pass asked for, if no other call ran it first. The pool calls this after
+        each read of worker results: the results read at once share one pass, and it runs now,
+        not after the requests waiting to be read (a free device must not wait for a front-end
+        drain)."""
+        if self._pump_scheduled:
+            self._pump()
 
     def _pump(self) -> None:
         self._pump_scheduled = False

@@ -318,3 +318,29 @@ def test_a_cancelled_request_leaves_the_queue_answered_once_and_a_running_one_ru
     run_all(e, clients, 3 * MS)
     assert clients.codes() == {0: OK, 1: OK, 2: P.CANCELLED}
     assert e.snapshot(3 * MS)["channels"]["c"]["cancelled"] == 1
+
+
+def test_answered_requests_leave_no_reference_cycles_for_the_collector():
+    """The daemon collects the young generation rarely (dynbatchd.collector): that is only
+    safe while a request's objects are freed by reference counting once it is answered."""
+    import gc
+    e, clients = engine(max_batch=8, cache=ResultCache(100)), Clients()
+    gc.collect()
+    gc.disable()
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        for i in range(40):
+            e.submit(Job("m", "c", 1, 10_000, i, None, f"text {i % 5}"), i)
+        e.cancel(Job("m", "c", 1, 10_000, "never queued"), 40)
+        cancelled = job("cancelled")
+        e.submit(cancelled, 41)
+        clients.take([e.cancel(cancelled, 42)])
+        run_all(e, clients, 50)
+        gc.collect()
+        cyclic = [type(o).__name__ for o in gc.garbage]
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+        gc.enable()
+    assert len(clients.answers) == 41
+    assert cyclic == []

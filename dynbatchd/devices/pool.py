@@ -102,10 +102,11 @@ class DevicePool:
                  cpu_threads: int, ipc_dir: str, restart_limit: int,
                  on_result: Callable[[int, P.BatchResult, list[bytes]], None],
                  on_lost: Callable[[int], bool], on_ready: Callable[[int], None], on_gone: Callable[[int], None],
-                 log_level: str = "info"):
+                 on_read_done: Callable[[], None] = lambda: None, log_level: str = "info"):
         self.models = models
         self.cpu_threads = cpu_threads
         self.on_result, self.on_lost, self.on_ready, self.on_gone = on_result, on_lost, on_ready, on_gone
+        self.on_read_done = on_read_done   # after each pass over the results read at once
         self.log_level = log_level
         self.endpoint = f"ipc://{ipc_dir}/workers.sock"
         sock = ctx.socket(zmq.ROUTER)
@@ -226,6 +227,7 @@ class DevicePool:
                 worker.state = "failed"
                 log.error("worker %s failed to start: %s", worker.name, msg.message)
                 self._check_all_ready()
+        self.on_read_done()
 
     def _check_all_ready(self) -> None:
         if all(w.state == "ready" or w.failure for w in self.workers):

@@ -123,12 +123,13 @@ class RayDevicePool:
     def __init__(self, ctx: Any, devices: list[str], models: list[P.ModelSpec], *, cpu_threads: int, ipc_dir: str,
                  restart_limit: int, on_result: Callable[[int, P.BatchResult, list[bytes]], None],
                  on_lost: Callable[[int], bool], on_ready: Callable[[int], None], on_gone: Callable[[int], None],
-                 log_level: str = "info", ray: Any = None):
+                 on_read_done: Callable[[], None] = lambda: None, log_level: str = "info", ray: Any = None):
         self.ray = import_ray()
         self.settings = ray
         self.models = models
         self.cpu_threads = cpu_threads
         self.on_result, self.on_lost, self.on_ready, self.on_gone = on_result, on_lost, on_ready, on_gone
+        self.on_read_done = on_read_done   # after each result (Ray delivers them one at a time)
         self.log_level = log_level
         target = "cuda:0" if ray.gpus else "cpu"   # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES
         self.workers = [RayDevice(i, name, target, budget=RestartBudget(restart_limit))
@@ -266,6 +267,7 @@ class RayDevicePool:
             return   # the hung-batch watchdog replaces the actor
         if isinstance(msg, P.BatchResult):
             self.on_result(worker.index, msg, frames[1:])
+            self.on_read_done()
 
     async def _lost(self, worker: RayDevice, generation: int) -> None:
         """The actor of `generation` died: deliver what it finished, report the loss once, replace it."""

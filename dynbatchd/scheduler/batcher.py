@@ -87,7 +87,10 @@ class Scheduler:
             # (A long request is never judged on the short ones a backlog serves first: its
             # floor of device time, `LongShare`, serves it; if not in time, it expires.)
             mine = channel.settings.priority
-            ahead = sum(c.backlog_ns() for c in self.channels.values() if c.settings.priority > mine)
+            ahead = 0
+            for other in self.channels.values():   # (a plain loop: this runs per request under load)
+                if other.depth and other.settings.priority > mine:
+                    ahead += other.backlog_ns()
             wait = (ahead + channel.backlog_ns()) // max(1, devices)
             if item.deadline_ns < now_ns + wait + channel.cost.estimate_ns(1, item.tokens):
                 # Refusing is the rare path: look closer. A backlog serves shorter requests first.

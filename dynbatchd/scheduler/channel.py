@@ -22,7 +22,7 @@ from dynbatchd.telemetry import ChannelStats
 NEVER = 1 << 62
 
 
-@dataclass(slots=True, eq=False)
+@dataclass(slots=True, eq=False, weakref_slot=True)
 class Item:
     """One queued request, as the scheduler sees it. `payload` is opaque to it."""
     key: int
@@ -153,7 +153,9 @@ class Channel:
         if not self.depth:
             return 0
         if up_to_tokens is None:
-            count, tokens = self.depth, sum(lane.tokens for lane in self.lanes.values())
+            count, tokens = self.depth, 0
+            for lane in self.lanes.values():
+                tokens += lane.tokens
         else:
             sizes = [entry[2].tokens for lane in self.lanes.values() for entry in lane.heap
                      if entry[2].tokens <= up_to_tokens]
