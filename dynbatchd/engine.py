@@ -21,7 +21,6 @@ the engine hands it back in every Dispatch and Answer.
 from __future__ import annotations
 
 import copy
-import weakref
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Hashable, Iterable, Sequence
@@ -52,9 +51,9 @@ class Job:
     cache_rule: Any = None              # the cache policy's CacheRule; None: looked up, stored by frequency
     warmup: bool = False                # nobody waits for it; its result only fills the cache
     shadow: bool = False                # a copy run under a canary's settings: judged, never answered
-    # The scheduler's entry once queued (for cancel), held weakly: the entry holds this job,
-    # and a cycle per request would leave every answered request to the garbage collector.
-    item: weakref.ref[Item] | None = None
+    # The scheduler's key for it once queued (0: never), for cancel. A key, not the item: the
+    # item holds this job, and a cycle per request would leave them all to the garbage collector.
+    key: int = 0
 
 
 @dataclass(slots=True)
@@ -207,7 +206,7 @@ class Engine:
                 usable += 1
                 idle = idle or not d.held
         if self.scheduler.submit(item, now_ns, usable, bool(idle)):
-            job.item = weakref.ref(item)
+            job.key = item.key
             return True
         self._judged(job.channel, False, 0, now_ns)
         return False
@@ -221,11 +220,9 @@ class Engine:
     def cancel(self, job: Job, now_ns: int) -> Answer | None:
         """The client withdrew `job`: still queued, it leaves the queue and is answered
         `cancelled`; already dispatched, it is answered when its batch ends (None)."""
-        item = job.item() if job.item is not None else None
-        if item is None or not item.queued:
+        channel = self.channels.get(job.channel)
+        if not job.key or channel is None or channel.withdraw(job.key) is None:
             return None
-        channel = self.channels[item.channel]
-        channel.withdraw(item)
         channel.stats.cancelled += 1
         return Answer(job.payload, P.CANCELLED, "cancelled by the client")
 
@@ -454,6 +451,7 @@ class Engine:
         isolated = self.channels[batch.channel].settings.isolated   # regulated data is never cached
         rejected = set(outcome.rejected)
         compute_us = outcome.compute_ns // 1000
+        judged = arm is not None   # a canary's arm: each request's outcome goes to its judge
         for i, item in enumerate(batch.items):
             if i in outcome.errors:
                 self._fail(item, P.BAD_REQUEST if i in rejected else P.MODEL_ERROR, outcome.errors[i], now_ns, answers)
@@ -465,7 +463,8 @@ class Engine:
                                "always" if job.warmup else job.cache_rule.store if job.cache_rule else "filter")
             if job.warmup:
                 continue
-            self._judged(batch.channel, now_ns <= item.deadline_ns, now_ns - item.arrival_ns, now_ns)
+            if judged:
+                self._judged(batch.channel, now_ns <= item.deadline_ns, now_ns - item.arrival_ns, now_ns)
             total_us = (now_ns - item.arrival_ns) // 1000   # queue: all of it but compute (hand-over included)
             timing = P.Timing(max(0, total_us - compute_us), compute_us, total_us, n, batch.channel,
                               dev.name, outcome.simulated)

@@ -183,7 +183,8 @@ class Daemon(Operations):
                 return
         cache_key = rule = None
         if request.text is not None:
-            cache_key = (request.model, tenant, request.text)
+            if self.cache is not None:
+                cache_key = (request.model, tenant, request.text)
             if self.cache_rule is not None:
                 rule = self.cache_rule(info)
             if request.user is not None and self.top_users is not None and not config.channels[channel].isolated:

@@ -22,7 +22,7 @@ from dynbatchd.telemetry import ChannelStats
 NEVER = 1 << 62
 
 
-@dataclass(slots=True, eq=False, weakref_slot=True)
+@dataclass(slots=True, eq=False)
 class Item:
     """One queued request, as the scheduler sees it. `payload` is opaque to it."""
     key: int
@@ -116,6 +116,8 @@ class Channel:
         self._rate_at = 0
         self.refused_wait_ns: int | None = None      # the predicted wait of the last refusal
         self._backlogged_since: int | None = None   # more queued than a batch takes, since then
+        self._lagging_at = -self.LAG_REFRESH_NS      # when the drain rate below was read
+        self._lagging_rate = 0.0                     # drain rate while it lags the arrivals, else 0
         self._arrivals = 0.0            # accepted requests per ns, decayed over ARRIVAL_TAU_NS
         self._arrivals_at = 0
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
@@ -125,6 +127,7 @@ class Channel:
     ARRIVAL_TAU_NS = 10_000_000_000   # the offered rate `status` shows follows the last ~10 s
 
     RATE_TAU_NS = 500_000_000   # the drain rate follows the last ~half second
+    LAG_REFRESH_NS = 1_000_000  # how often a backlogged channel re-reads its rates (admission asks per request)
 
     def arrival_rate(self, now_ns: int) -> float:
         """Accepted requests per ns, recently."""
@@ -142,10 +145,12 @@ class Channel:
         since = self._backlogged_since
         if since is None or now_ns - since < self.RATE_TAU_NS:
             return 0
-        rate = self.drain_rate(now_ns)
-        if rate <= 0 or self.arrival_rate(now_ns) < 1.1 * rate:
-            return 0   # keeping up (a channel served near its deadlines by design drains as fast as it fills)
-        return int(self.depth / rate)
+        if now_ns - self._lagging_at >= self.LAG_REFRESH_NS:   # (the rates move over ~0.5 s)
+            rate = self.drain_rate(now_ns)
+            self._lagging_at = now_ns
+            self._lagging_rate = rate if rate > 0 and self.arrival_rate(now_ns) >= 1.1 * rate else 0.0
+        rate = self._lagging_rate   # 0: keeping up (a channel served near its deadlines drains as fast as it fills)
+        return int(self.depth / rate) if rate else 0
 
     def backlog_ns(self, up_to_tokens: int | None = None) -> int:
         """Device time the queued requests need, cut in full batches (the learned cost); with
@@ -214,20 +219,27 @@ class Channel:
         self._arrivals = self.arrival_rate(now_ns) + 1 / self.ARRIVAL_TAU_NS
         self._arrivals_at = now_ns
         self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
-        _, per_item, per_token = self.cost.coefficients()
-        if per_token > 0 or not self.cost.settled:   # once tokens are known to cost nothing, no ledger
+        if self.cost.tokens_matter:   # once tokens are known to cost nothing, no ledger
+            _, per_item, per_token = self.cost.coefficients()
             self.long_share.arrived(item.tokens, per_item + per_token * item.tokens)
         self.window.on_arrival(now_ns, item.tokens)
         return True
 
-    def withdraw(self, item: Item) -> None:
-        """Take a queued `item` out (its client cancelled it)."""
-        lane = self.lane_for(item)
-        lane.take([item])
-        lane.prune()
-        self.depth -= 1
-        if not lane.heap:
-            self._forget_empty()
+    def withdraw(self, key: int) -> Item | None:
+        """Take the queued request `key` out (its client cancelled it); None when it is not
+        queued here (running, answered, or never queued). By key, so that nothing outside the
+        queue needs to hold the item (the item holds its job; a job holding it would be a cycle)."""
+        for lane in self.lanes.values():
+            for entry in lane.heap:
+                if entry[1] == key:
+                    item = entry[2]
+                    lane.take([item])
+                    lane.prune()
+                    self.depth -= 1
+                    if not lane.heap:
+                        self._forget_empty()
+                    return item
+        return None
 
     def requeue(self, item: Item) -> None:
         """Put back an item that was dispatched but not run (its worker died); bypasses the bound."""

@@ -111,6 +111,9 @@ class CostModel:
         self._s = [0.0] * 10  # sums: w, n, k, t, nn, nk, kk, nt, kt, tt
         self.samples = 0
         self._coef = (0.0, 0.0, 0.0)
+        # Read per request, so kept as plain attributes by `observe`:
+        self.settled = False       # timed enough batches to be trusted to refuse work (SETTLED_AFTER)
+        self.tokens_matter = True  # a request's tokens may cost device time (until a settled fit says not)
 
     def observe(self, size: int, tokens: int, compute_ns: int) -> None:
         f = self.forget
@@ -120,12 +123,10 @@ class CostModel:
             s[i] = s[i] * f + v
         self.samples += 1
         self._coef = self._fit()
+        self.settled = self.samples >= self.SETTLED_AFTER
+        self.tokens_matter = self._coef[2] > 0 or not self.settled
 
     SETTLED_AFTER = 20   # batches timed before the fit is trusted to refuse work (a young fit can be far off)
-
-    @property
-    def settled(self) -> bool:
-        return self.samples >= self.SETTLED_AFTER
 
     def coefficients(self) -> tuple[float, float, float]:
         """(base_ns, per_item_ns, per_token_ns), never negative."""
