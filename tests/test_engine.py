@@ -344,3 +344,14 @@ def test_answered_requests_leave_no_reference_cycles_for_the_collector():
         gc.enable()
     assert len(clients.answers) == 41
     assert cyclic == []
+
+
+def test_the_serving_daemon_freezes_start_up_objects_and_collects_the_young_less_often():
+    """dynbatchd.collector, in a fresh interpreter so this process keeps its own settings."""
+    import subprocess
+    import sys
+    code = ("import gc; from dynbatchd import collector; collector.settle_for_serving(); "
+            "print(gc.get_threshold()[0], gc.get_freeze_count() > 1000)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    from dynbatchd.collector import YOUNG_LIMIT
+    assert out == [str(YOUNG_LIMIT), "True"]
