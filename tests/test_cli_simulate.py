@@ -99,3 +99,27 @@ def test_error_text_with_brackets_is_printed_as_is(monkeypatch):
     result = CliRunner().invoke(app, ["warmup"])
     assert result.exit_code == 1
     assert "[cache] entries" in result.output
+
+
+def test_a_mixed_pool_simulates_each_device_with_its_own_options(tmp_path):
+    """The simulated runner's `devices` table gives one device of a mixed pool its own latency
+    model; simulate runs the devices `[devices] use` names, each with its own (as the daemon would)."""
+    config = tmp_path / "mixed.toml"
+    config.write_text(
+        '[devices]\nuse = ["cuda:0", "cuda:1"]\n\n'
+        '[models.sim]\nrunner = "simulated"\n'
+        'options = { base_ms = 8.0, per_item_ms = 0.5, devices = { "cuda:1" = { per_item_ms = 4.0 } } }\n\n'
+        '[channels.standard]\nmax_batch = 16\nwindow_ms = 5.0\n\n[routing]\ndefault = "standard"\n')
+    def simulate(*args: str) -> dict:
+        result = CliRunner().invoke(app, ["simulate", "--config", str(config), "--json", "--rate", "600",
+                                          "--duration", "3", "--tokens", "10", *args])
+        assert result.exit_code == 0, result.output
+        return json.loads(result.output)
+    data = simulate()
+    assert data["devices"] == 2
+    assert data["device_models"]["cuda:0"]["per_item_ms"] == 0.5
+    assert data["device_models"]["cuda:1"]["per_item_ms"] == 4.0
+    alike = simulate("--per-item-ms", "0.5")   # the command line wins over every device's own
+    assert {m["per_item_ms"] for m in alike["device_models"].values()} == {0.5}
+    assert data["utilisation"] > alike["utilisation"]   # the slow device is busier for the same work
+    assert simulate("--devices", "1")["device_models"] == {"cuda:0": data["device_models"]["cuda:0"]}

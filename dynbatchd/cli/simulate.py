@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dynbatchd import config as cfgmod
+from dynbatchd.devices.runners import simulated_options
 from dynbatchd.plugins import PluginError, Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, mix_tokens, read_trace_csv, simulate as run_simulation
 from dynbatchd.validation import validate_config
@@ -47,18 +48,26 @@ def trace_arrivals(path: Path, compress: float, seed: int = 1, urgent_share: flo
             for at, tokens in read_trace_csv(path)]
 
 
-def device_model(cfg: cfgmod.Config, base_ms: float | None, per_item_ms: float | None,
-                 per_token_ms: float | None) -> DeviceModel:
-    """The config's first simulated model's latency model, overridden by the options given."""
+def device_models(cfg: cfgmod.Config, base_ms: float | None, per_item_ms: float | None,
+                  per_token_ms: float | None, count: int | None) -> tuple[list[str], list[DeviceModel]]:
+    """(device names, their latency models): the config's first simulated model's options on each
+    device, its ``devices`` entry for that device over them (a mixed pool), the options given on
+    the command line over both. The devices are `[devices] use` when it names them (a list), else
+    those the ``devices`` table names, else one; `count` (--devices) takes the first N of those
+    and adds devices with the shared options past them."""
     options: dict[str, Any] = {}
     for model in cfg.models.values():
         if model.runner == "simulated":
             options = dict(model.options)
             break
-    for key, value in (("base_ms", base_ms), ("per_item_ms", per_item_ms), ("per_token_ms", per_token_ms)):
-        if value is not None:
-            options[key] = value
-    return DeviceModel.from_options(options)
+    overrides = {key: value for key, value in (("base_ms", base_ms), ("per_item_ms", per_item_ms),
+                                               ("per_token_ms", per_token_ms)) if value is not None}
+    use = cfg.devices.use
+    names = list(use) if isinstance(use, list) else sorted(options.get("devices", {})) or ["cpu"]
+    if count is not None:
+        names = (names + [f"sim:{i}" for i in range(len(names), count)])[:count]
+    models = [DeviceModel.from_options({**simulated_options(options, name), **overrides}) for name in names]
+    return names, models
 
 
 def simulate(ctx: typer.Context,
@@ -68,7 +77,10 @@ def simulate(ctx: typer.Context,
                                                         "./etc/dynbatchd.toml, /etc/dynbatchd/dynbatchd.toml)."),
              rate: float = typer.Option(500.0, "--rate", min=0.001, help="Offered requests per second (Poisson)."),
              duration: float = typer.Option(30.0, "--duration", min=0.1, help="Seconds of simulated traffic."),
-             devices: int = typer.Option(1, "--devices", min=1, help="Simulated devices."),
+             devices: Optional[int] = typer.Option(None, "--devices", min=1,
+                                                   help="Simulated devices (default: those [devices] use names, "
+                                                        "else those the simulated model's devices table names, "
+                                                        "else 1)."),
              base_ms: Optional[float] = typer.Option(None, "--base-ms", min=0.0,
                                                      help="Per-batch time (default: the config's simulated "
                                                           "model, else 8)."),
@@ -99,14 +111,16 @@ def simulate(ctx: typer.Context,
     except (cfgmod.ConfigError, PluginError, OSError, KeyError, ValueError) as exc:
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
-    model = device_model(cfg, base_ms, per_item_ms, per_token_ms)
-    result = run_simulation(cfg.channels, arrivals, device=model, devices=devices,
+    names, models = device_models(cfg, base_ms, per_item_ms, per_token_ms, devices)
+    model = models[0]
+    result = run_simulation(cfg.channels, arrivals, device=models, devices=len(models),
                             inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms,
                             window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(),
                             routing=cfg.routing, plugins=plugins)
     per = result.stats("channel")
     data = {
-        "simulated": True, "config": str(path), "devices": devices, "device_model": model.options(),
+        "simulated": True, "config": str(path), "devices": len(models), "device_model": model.options(),
+        "device_models": {name: m.options() for name, m in zip(names, models)},
         "requests": len(arrivals), "utilisation": round(result.utilisation(), 4),
         "channels": {name: {"offered": g.offered, "completed": g.completed, "on_time": g.on_time_fraction,
                             "p50_ms": g.p50_ms, "p99_ms": g.p99_ms, "expired": g.expired,
@@ -118,9 +132,12 @@ def simulate(ctx: typer.Context,
         return
     out = Console()
     source = f"trace {trace} ×{compress:g}" if trace else f"Poisson {rate:g} req/s for {duration:g} s"
-    out.print(f"[yellow]SIMULATED[/yellow] {len(arrivals)} requests ({source}) on {devices} simulated "
-              f"device(s): {model.base_ms:g} ms + {model.per_item_ms:g} ms/request + "
-              f"{model.per_token_ms:g} ms/token; channels from {path}", highlight=False)
+    kinds = {(m.base_ms, m.per_item_ms, m.per_token_ms) for m in models}
+    each = (f"{model.base_ms:g} ms + {model.per_item_ms:g} ms/request + {model.per_token_ms:g} ms/token"
+            if len(kinds) == 1 else "; ".join(f"{n}: {m.base_ms:g} + {m.per_item_ms:g}/request + "
+                                              f"{m.per_token_ms:g}/token ms" for n, m in zip(names, models)))
+    out.print(f"[yellow]SIMULATED[/yellow] {len(arrivals)} requests ({source}) on {len(models)} simulated "
+              f"device(s): {each}; channels from {path}", highlight=False)
     table = Table(title="channels (SIMULATED)")
     for col in ("channel", "offered", "on time", "p50 ms", "p99 ms", "expired", "overloaded", "mean batch"):
         table.add_column(col, justify="left" if col == "channel" else "right")
