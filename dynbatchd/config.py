@@ -170,6 +170,12 @@ class RaySettings(Frozen, kw_only=True):
     cpus: Annotated[int, Meta(ge=0, le=4096)] = 0
     cpus_per_actor: Annotated[float, Meta(ge=0, le=4096)] = 1.0
 
+    def device_names(self) -> list[str]:
+        """The engine's names of these devices (status, ``[devices] memory_gb``): ray:gpu0.. or ray:cpu0.."""
+        if self.gpus:
+            return [f"ray:gpu{i}" for i in range(self.gpus)]
+        return [f"ray:cpu{i}" for i in range(self.cpus)]
+
 
 GigaBytes = Annotated[float, Meta(ge=0, le=1 << 20)]
 
@@ -397,8 +403,14 @@ def _check_references(cfg: Config) -> None:
         for i, dev in enumerate(cfg.devices.use):
             if not re.match(r"^(cpu|cuda:\d+)$", dev):
                 raise ConfigError(src, f"devices.use[{i}]", f"{dev!r} is not a device (cpu, cuda:N)")
-    if isinstance(cfg.devices.memory_gb, dict):
-        use = cfg.devices.use if isinstance(cfg.devices.use, list) and cfg.devices.ray is None else None
+    if isinstance(cfg.devices.memory_gb, dict) and cfg.devices.ray is not None:
+        names = cfg.devices.ray.device_names()
+        for dev in cfg.devices.memory_gb:
+            if dev not in names:
+                raise ConfigError(src, f"devices.memory_gb.{dev}",
+                                  f"{dev!r} is not one of the Ray devices ({', '.join(names) or 'none'})")
+    elif isinstance(cfg.devices.memory_gb, dict):
+        use = cfg.devices.use if isinstance(cfg.devices.use, list) else None
         for dev in cfg.devices.memory_gb:
             if not re.match(r"^(cpu|cuda:\d+)$", dev):
                 raise ConfigError(src, f"devices.memory_gb.{dev}", f"{dev!r} is not a device (cpu, cuda:N)")

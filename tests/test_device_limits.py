@@ -47,6 +47,16 @@ def test_a_bad_memory_gb_is_refused_naming_the_key_and_the_rule(devices, key, ru
     assert f": {key}: " in str(err.value) and rule in str(err.value)
 
 
+def test_ray_devices_are_named_in_the_memory_table_as_status_names_them():
+    pytest.importorskip("ray", reason="the [ray] extra is not installed")
+    cfg = parse({"ray": {"gpus": 2}, "memory_gb": {"ray:gpu0": 80, "ray:gpu1": 24}})
+    assert [cfg.devices.memory_gb_of(d) for d in cfg.devices.ray.device_names()] == [80.0, 24.0]
+    with pytest.raises(cfgmod.ConfigError) as err:
+        parse({"ray": {"gpus": 2}, "memory_gb": {"cuda:0": 80}})
+    assert ": devices.memory_gb.cuda:0: " in str(err.value)
+    assert "not one of the Ray devices (ray:gpu0, ray:gpu1)" in str(err.value)
+
+
 def test_a_reload_checks_memory_gb_as_a_start_does(tmp_path):
     path = tmp_path / "d.toml"
     path.write_text('[models.m]\nrunner = "noop"\n[channels.standard]\nmax_batch = 4\nwindow_ms = 1\n'

@@ -47,9 +47,7 @@ def import_ray() -> Any:
 
 def ray_device_names(settings: Any) -> list[str]:
     """The engine's names of the configured Ray devices: ray:gpu0.. or ray:cpu0.."""
-    if settings.gpus:
-        return [f"ray:gpu{i}" for i in range(settings.gpus)]
-    return [f"ray:cpu{i}" for i in range(settings.cpus)]
+    return settings.device_names()
 
 
 def _as_bytes(frame: Any) -> bytes:
