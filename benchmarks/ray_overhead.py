@@ -24,7 +24,7 @@ import zmq
 from dynbatchd import protocol as P
 from dynbatchd.config import RaySettings
 from dynbatchd.devices.pool import DevicePool
-from dynbatchd.devices.ray_pool import RayDevicePool, import_ray, ray_device_names
+from dynbatchd.devices.ray_pool import RayDevicePool, import_ray
 
 MODELS = [P.ModelSpec("noop", "noop", {})]
 
@@ -71,7 +71,7 @@ def ray_pool():
     settings = RaySettings(cpus=1)
 
     def make(**callbacks):
-        return RayDevicePool(None, ray_device_names(settings), MODELS, cpu_threads=1, ipc_dir="", restart_limit=1,
+        return RayDevicePool(None, settings.device_names(), MODELS, cpu_threads=1, ipc_dir="", restart_limit=1,
                              ray=settings, **callbacks)
     return make
 

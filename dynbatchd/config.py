@@ -178,6 +178,7 @@ class RaySettings(Frozen, kw_only=True):
 
 
 GigaBytes = Annotated[float, Meta(ge=0, le=1 << 20)]
+DEVICE_NAME = re.compile(r"^(cpu|cuda:\d+)$")   # a local device: `[devices] use`, `memory_gb`, runners' `devices`
 
 
 class DeviceSettings(Frozen, kw_only=True):
@@ -401,7 +402,7 @@ def _check_references(cfg: Config) -> None:
         raise ConfigError(src, "devices.use", 'must be "auto" or a list such as ["cuda:0", "cpu"]')
     if isinstance(cfg.devices.use, list):
         for i, dev in enumerate(cfg.devices.use):
-            if not re.match(r"^(cpu|cuda:\d+)$", dev):
+            if not DEVICE_NAME.match(dev):
                 raise ConfigError(src, f"devices.use[{i}]", f"{dev!r} is not a device (cpu, cuda:N)")
     if isinstance(cfg.devices.memory_gb, dict) and cfg.devices.ray is not None:
         names = cfg.devices.ray.device_names()
@@ -412,7 +413,7 @@ def _check_references(cfg: Config) -> None:
     elif isinstance(cfg.devices.memory_gb, dict):
         use = cfg.devices.use if isinstance(cfg.devices.use, list) else None
         for dev in cfg.devices.memory_gb:
-            if not re.match(r"^(cpu|cuda:\d+)$", dev):
+            if not DEVICE_NAME.match(dev):
                 raise ConfigError(src, f"devices.memory_gb.{dev}", f"{dev!r} is not a device (cpu, cuda:N)")
             if use is not None and dev not in use:
                 raise ConfigError(src, f"devices.memory_gb.{dev}",

@@ -451,7 +451,6 @@ class Engine:
         isolated = self.channels[batch.channel].settings.isolated   # regulated data is never cached
         rejected = set(outcome.rejected)
         compute_us = outcome.compute_ns // 1000
-        judged = arm is not None   # a canary's arm: each request's outcome goes to its judge
         for i, item in enumerate(batch.items):
             if i in outcome.errors:
                 self._fail(item, P.BAD_REQUEST if i in rejected else P.MODEL_ERROR, outcome.errors[i], now_ns, answers)
@@ -463,7 +462,7 @@ class Engine:
                                "always" if job.warmup else job.cache_rule.store if job.cache_rule else "filter")
             if job.warmup:
                 continue
-            if judged:
+            if arm is not None:   # a canary's arm: each request's outcome goes to its judge
                 self._judged(batch.channel, now_ns <= item.deadline_ns, now_ns - item.arrival_ns, now_ns)
             total_us = (now_ns - item.arrival_ns) // 1000   # queue: all of it but compute (hand-over included)
             timing = P.Timing(max(0, total_us - compute_us), compute_us, total_us, n, batch.channel,

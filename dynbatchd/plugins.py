@@ -122,13 +122,9 @@ class Plugins:
     def admit(self, request: RequestInfo, channel: str, config: Any) -> str | None:
         if self._admit_impls is None:
             answers = self.pm.hook.dynbatchd_admit(request=request, channel=channel, config=config)
-            refusals = [r for r in answers if r]
-            return "; ".join(refusals) if refusals else None
-        refusals = None   # the common case, every check passing, builds no list
-        for fn in self._admit_impls:
-            reason = fn(request, channel, config)
-            if reason:
-                refusals = [reason] if refusals is None else [*refusals, reason]
+        else:
+            answers = [fn(request, channel, config) for fn in self._admit_impls]
+        refusals = [r for r in answers if r]
         return "; ".join(refusals) if refusals else None
 
     def check_config(self, config: Any) -> list[Violation]:

@@ -6,36 +6,18 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from dynbatchd import config as cfgmod
 from dynbatchd.cli import plan as planmod
 from dynbatchd.memory import GIB, device_limits
-
-app = typer.Typer()
-app.command()(planmod.plan)
-
-
-@app.callback()
-def _group() -> None:
-    """Stands in for dynbatchctl: `plan` is a subcommand."""
-
-
-LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
-            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 8,
-            "max_position_embeddings": 8192, "torch_dtype": "bfloat16", "vocab_size": 128256}
+from test_plan import app, llama  # noqa: F401  (llama: the model-directory fixture, shared)
 
 
 @pytest.fixture
-def config(tmp_path, monkeypatch):
+def config(tmp_path, llama, monkeypatch):
     monkeypatch.setattr(planmod, "nvml_memory", lambda index: None)
     monkeypatch.delenv("DYNBATCHD_CONFIG", raising=False)
-    model = tmp_path / "llama"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(LLAMA_8B))
-    with open(model / "model.safetensors", "wb") as f:
-        f.truncate(14 * GIB)                                 # sparse: sized, not written
     path = tmp_path / "dynbatchd.toml"
     path.write_text(f"""
 [devices]
@@ -43,7 +25,7 @@ use = ["cuda:0", "cuda:1"]
 memory_gb = {{ "cuda:0" = 80, "cuda:1" = 24 }}
 [models.llama]
 runner = "callable"
-options = {{ target = "x:y", path = "{model}", max_tokens = 4096 }}
+options = {{ target = "x:y", path = "{llama}", max_tokens = 4096 }}
 [channels.standard]
 max_batch = 64
 window_ms = 100

@@ -23,7 +23,7 @@ from dynbatchd import config as cfgmod, protocol as P
 from dynbatchd.client import Client
 from dynbatchd.config import ConfigError, RaySettings, parse
 from dynbatchd.devices.batches import decode_outcome
-from dynbatchd.devices.ray_pool import RayDevicePool, import_ray, ray_device_names
+from dynbatchd.devices.ray_pool import RayDevicePool, import_ray
 
 ray = None   # the module, once the `cluster` fixture has imported it
 
@@ -61,7 +61,7 @@ class Recorder:
 
     def pool(self, restart_limit: int = 5) -> RayDevicePool:
         settings = RaySettings(cpus=1, cpus_per_actor=0.5)
-        return RayDevicePool(None, ray_device_names(settings), MODELS, cpu_threads=1, ipc_dir="", ray=settings,
+        return RayDevicePool(None, settings.device_names(), MODELS, cpu_threads=1, ipc_dir="", ray=settings,
                              restart_limit=restart_limit, on_result=lambda i, r, f: self.results.__setitem__(
                                  r.batch_id, (r, f)),
                              on_lost=lambda i: self.lost.append(i) or False, on_ready=self.ready.append,

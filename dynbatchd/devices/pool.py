@@ -242,11 +242,9 @@ class DevicePool:
 
 # -- the device kind a config asks for -------------------------------------
 def device_names(settings: Any) -> list[str]:
-    """The engine's device names for `[devices]`: local devices, or Ray actors (imported only then)."""
+    """The engine's device names for `[devices]`: local devices, or Ray actors."""
     if getattr(settings, "ray", None) is not None:
-        from dynbatchd.devices.ray_pool import ray_device_names
-
-        return ray_device_names(settings.ray)
+        return settings.ray.device_names()
     return detect_devices(settings.use)
 
 

@@ -45,11 +45,6 @@ def import_ray() -> Any:
     return ray
 
 
-def ray_device_names(settings: Any) -> list[str]:
-    """The engine's names of the configured Ray devices: ray:gpu0.. or ray:cpu0.."""
-    return settings.device_names()
-
-
 def _as_bytes(frame: Any) -> bytes:
     buffer = getattr(frame, "buffer", None)   # a zmq.Frame received without copying
     return bytes(buffer if buffer is not None else frame)

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from dynbatchd.config import DEVICE_NAME
 from dynbatchd.devices.execution import OutOfMemory  # raised by runners, handled by execute
 
 MAX_MS = 86_400_000.0          # as dynbatchd.config.MAX_MS: one day
@@ -153,7 +154,7 @@ def per_device(value: Any) -> str | None:
     if not isinstance(value, dict):
         return f"expected a table of device name -> options, got {value!r}"
     for device, options in value.items():
-        if not re.match(r"^(cpu|cuda:\d+)$", device):
+        if not DEVICE_NAME.match(device):
             return f"{device!r} is not a device (cpu, cuda:N)"
         if not isinstance(options, dict):
             return f"{device}: expected a table of options, got {options!r}"
