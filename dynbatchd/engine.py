@@ -38,22 +38,24 @@ WARMUP_DEADLINE_NS = 3_600 * 10**9   # warmup is never urgent and never answered
 LATENCY_PERIOD_NS = 30 * 10**9       # status shows the last 30-60 s of latency
 
 
-@dataclass(slots=True, eq=False)
-class Job:
-    """One request as the engine needs it. `payload` is opaque: handed back in answers."""
-    model: str
-    channel: str
-    tokens: int
-    deadline_ms: float
-    payload: Any = None
-    tenant: str | None = None
-    cache_key: Hashable | None = None   # None: never served from or stored in the cache
-    cache_rule: Any = None              # the cache policy's CacheRule; None: looked up, stored by frequency
-    warmup: bool = False                # nobody waits for it; its result only fills the cache
-    shadow: bool = False                # a copy run under a canary's settings: judged, never answered
-    # The scheduler's key for it once queued (0: never), for cancel. A key, not the item: the
-    # item holds this job, and a cycle per request would leave them all to the garbage collector.
-    key: int = 0
+class Job(Item):
+    """One request as the engine holds it, and the scheduler's queue item itself: a request is one
+    object from submit to answer, however far it goes. `payload` is the driver's own (a reply
+    address, a trace index), handed back in every answer; `key`, `arrival_ns` and `deadline_ns`
+    are set when it is queued (`key` 0: never queued)."""
+    __slots__ = ("deadline_ms", "cache_key", "cache_rule", "shadow")
+
+    def __init__(self, model: str, channel: str, tokens: int, deadline_ms: float, payload: Any = None,
+                 tenant: str | None = None, cache_key: Hashable | None = None, cache_rule: Any = None,
+                 warmup: bool = False, shadow: bool = False):
+        # (assigned here, not through Item's __init__: this runs once per request)
+        self.key, self.arrival_ns, self.deadline_ns, self.retries, self.queued = 0, 0, 0, 0, False
+        self.model, self.channel, self.tokens, self.tenant, self.payload = model, channel, tokens, tenant, payload
+        self.deadline_ms = deadline_ms
+        self.cache_key = cache_key     # None: never served from or stored in the cache
+        self.cache_rule = cache_rule   # the cache policy's CacheRule; None: looked up, stored by frequency
+        self.warmup = warmup           # nobody waits for it; its result only fills the cache
+        self.shadow = shadow           # a copy run under a canary's settings: judged, never answered
 
 
 @dataclass(slots=True)
@@ -198,15 +200,13 @@ class Engine:
     def _queue(self, job: Job, now_ns: int) -> bool:
         """Hand `job` to the scheduler; False: its channel refused it (full, or backlogged past its deadline)."""
         self._keys += 1
-        item = Item(self._keys, job.model, now_ns, now_ns + int(job.deadline_ms * 1e6), job.tokens, job.tenant,
-                    job, job.channel, warmup=job.warmup)
+        job.key, job.arrival_ns, job.deadline_ns = self._keys, now_ns, now_ns + int(job.deadline_ms * 1e6)
         usable = idle = 0
         for d in self.devices:
             if d.usable:
                 usable += 1
                 idle = idle or not d.held
-        if self.scheduler.submit(item, now_ns, usable, bool(idle)):
-            job.key = item.key
+        if self.scheduler.submit(job, now_ns, usable, bool(idle)):
             return True
         self._judged(job.channel, False, 0, now_ns)
         return False
@@ -221,7 +221,7 @@ class Engine:
         """The client withdrew `job`: still queued, it leaves the queue and is answered
         `cancelled`; already dispatched, it is answered when its batch ends (None)."""
         channel = self.channels.get(job.channel)
-        if not job.key or channel is None or channel.withdraw(job.key) is None:
+        if not job.queued or channel is None or channel.withdraw(job) is None:
             return None
         channel.stats.cancelled += 1
         return Answer(job.payload, P.CANCELLED, "cancelled by the client")
@@ -250,8 +250,8 @@ class Engine:
         while room > 0 and self.warmup_backlog:
             job = self.warmup_backlog.popleft()
             self._keys += 1
-            self.scheduler.submit(Item(self._keys, job.model, now_ns, now_ns + WARMUP_DEADLINE_NS, job.tokens,
-                                       None, job, job.channel, warmup=True), now_ns)
+            job.key, job.arrival_ns, job.deadline_ns = self._keys, now_ns, now_ns + WARMUP_DEADLINE_NS
+            self.scheduler.submit(job, now_ns)
             room -= 1
 
     # -- scheduling -----------------------------------------------------------
@@ -455,7 +455,7 @@ class Engine:
             if i in outcome.errors:
                 self._fail(item, P.BAD_REQUEST if i in rejected else P.MODEL_ERROR, outcome.errors[i], now_ns, answers)
                 continue
-            job: Job = item.payload
+            job: Job = item
             output = outcome.outputs[i] if outcome.outputs is not None else None
             if self.cache is not None and job.cache_key is not None and not isolated:
                 self.cache.put(job.cache_key, self.freeze(output),
@@ -505,7 +505,7 @@ class Engine:
                 continue
             explained = True
             if self.fingerprint is not None:
-                self.quarantine[self.fingerprint(item.payload.payload)] = None
+                self.quarantine[self.fingerprint(item.payload)] = None
                 while len(self.quarantine) > QUARANTINE_SIZE:
                     self.quarantine.popitem(last=False)
             self._fail(item, P.MODEL_ERROR, f"the worker for {dev.name} died twice while running this "
@@ -565,15 +565,14 @@ class Engine:
         return answers
 
     # -- accounting -------------------------------------------------------------------
-    def _fail(self, item: Item, code: str, message: str, now_ns: int, out: list[Answer]) -> None:
-        job: Job = item.payload
+    def _fail(self, job: Job, code: str, message: str, now_ns: int, out: list[Answer]) -> None:
         if job.warmup:   # nobody waits for it
             return
-        self._judged(item.channel, False, now_ns - item.arrival_ns, now_ns)   # a miss (a cancel never comes here)
-        stats = self.channels[item.channel].stats
+        self._judged(job.channel, False, now_ns - job.arrival_ns, now_ns)   # a miss (a cancel never comes here)
+        stats = self.channels[job.channel].stats
         if code != P.DEADLINE_EXCEEDED:   # expiries are counted where the scheduler expires them
             stats.failed += 1
-        stats.latency.record((now_ns - item.arrival_ns) // 1000)
+        stats.latency.record((now_ns - job.arrival_ns) // 1000)
         if not job.shadow:
             out.append(Answer(job.payload, code, message))
 

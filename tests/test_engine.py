@@ -52,7 +52,7 @@ def job(payload, *, tenant=None, cache_key=None) -> Job:
 
 
 def ok_outcome(batch, compute_ns=MS) -> Outcome:
-    return Outcome(compute_ns, [f"out:{item.payload.payload}" for item in batch.items])
+    return Outcome(compute_ns, [f"out:{item.payload}" for item in batch.items])
 
 
 def run_all(e: Engine, clients: Clients, now: int) -> None:
@@ -114,14 +114,14 @@ def test_a_poison_input_is_proven_by_a_second_death_quarantined_and_costs_nothin
             break
         for d in dispatches:
             assert len(d.batch.items) == 1
-            if d.batch.items[0].payload.payload == "poison":
+            if d.batch.items[0].payload == "poison":
                 loss = e.lost(d.device, 3 * MS)
                 assert loss.explained       # died again, alone: proven
                 clients.take(loss.answers)
                 e.device_up(d.device)
             else:
                 clients.take(e.completed(d.device, d.batch.id, ok_outcome(d.batch), 3 * MS))
-            alone.append(d.batch.items[0].payload.payload)
+            alone.append(d.batch.items[0].payload)
     assert clients.codes() == {"a": OK, "b": OK, "poison": P.MODEL_ERROR}
     # The same input again is answered at once, without reaching a device.
     again = e.submit(job("poison#2"), 4 * MS)
@@ -139,7 +139,7 @@ def test_a_malformed_worker_answer_fails_its_batch_and_nothing_else():
     clients.take(e.completed(good.device, good.batch.id, ok_outcome(good.batch), MS))
     codes = clients.codes()
     assert sorted(codes.values()) == sorted([OK] * 2 + [P.MODEL_ERROR] * 4)
-    assert all(codes[item.payload.payload] == P.MODEL_ERROR for item in bad.batch.items)
+    assert all(codes[item.payload] == P.MODEL_ERROR for item in bad.batch.items)
 
 
 def test_per_item_errors_answer_only_their_request():

@@ -91,7 +91,7 @@ class Run:
                 assert not self.engine.channels[job.channel].settings.isolated, "cache answered an isolated request"
 
     def check(self, batch) -> None:
-        jobs = [item.payload for item in batch.items]
+        jobs = list(batch.items)   # (each item is its Job)
         assert {j.channel for j in jobs} == {batch.channel}, "a batch mixes channels"
         if self.engine.channels[batch.channel].settings.isolated:
             tenants = {j.tenant for j in jobs}

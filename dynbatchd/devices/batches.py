@@ -43,7 +43,7 @@ def encode_batch(batch: Batch) -> list[Any]:
     """BatchMsg header plus the tensor frames of its requests, renumbered."""
     items, frames = [], []
     for item in batch.items:
-        pending: Pending = item.payload.payload
+        pending: Pending = item.payload   # (the item is the engine's Job)
         request = pending.request
         if request.tensor is not None:
             ref = P.TensorRef(request.tensor.dtype, request.tensor.shape, len(frames))

@@ -168,17 +168,21 @@ class Channel:
         base, per_item, per_token = self.cost.coefficients()
         return int(base * -(-count // self.sizer.max_batch()) + per_item * count + per_token * tokens)
 
-    def lane_for(self, item: Item) -> Lane:
-        """The lane of `item`: its model, its tenant in an isolated channel, its length bucket.
-        In an isolated channel a request of no tenant (``anonymous = "alone"``; the engine refuses
-        it otherwise) has a lane of its own, so it runs in a batch of one."""
+    def _lane_key(self, item: Item) -> Hashable:
+        """Which lane `item` belongs to: its model, its tenant in an isolated channel, its length
+        bucket. In an isolated channel a request of no tenant (``anonymous = "alone"``; the engine
+        refuses it otherwise) has a lane of its own, so it runs in a batch of one."""
         settings = self.settings
         tenant = (item.tenant if item.tenant is not None else ("alone", item.key)) if settings.isolated else None
         bucket = bisect.bisect_left(settings.token_buckets, item.tokens) if settings.token_buckets else 0
-        key = (item.model, tenant, bucket, item.warmup)
+        return item.model, tenant, bucket, item.warmup
+
+    def lane_for(self, item: Item) -> Lane:
+        """The lane of `item` (`_lane_key`), made when it is the first of its kind."""
+        key = self._lane_key(item)
         lane = self.lanes.get(key)
         if lane is None:
-            lane = self.lanes[key] = Lane(item.model, tenant, bucket=bucket, warmup=item.warmup)
+            lane = self.lanes[key] = Lane(item.model, key[1], bucket=key[2], warmup=item.warmup)
         return lane
 
     def _forget_empty(self) -> None:
@@ -225,21 +229,18 @@ class Channel:
         self.window.on_arrival(now_ns, item.tokens)
         return True
 
-    def withdraw(self, key: int) -> Item | None:
-        """Take the queued request `key` out (its client cancelled it); None when it is not
-        queued here (running, answered, or never queued). By key, so that nothing outside the
-        queue needs to hold the item (the item holds its job; a job holding it would be a cycle)."""
-        for lane in self.lanes.values():
-            for entry in lane.heap:
-                if entry[1] == key:
-                    item = entry[2]
-                    lane.take([item])
-                    lane.prune()
-                    self.depth -= 1
-                    if not lane.heap:
-                        self._forget_empty()
-                    return item
-        return None
+    def withdraw(self, item: Item) -> Item | None:
+        """Take the queued `item` out (its client cancelled it); None when it is not queued
+        here (running, answered, or never queued)."""
+        lane = self.lanes.get(self._lane_key(item)) if item.queued else None
+        if lane is None or not any(entry[2] is item for entry in lane.heap):
+            return None
+        lane.take([item])
+        lane.prune()
+        self.depth -= 1
+        if not lane.heap:
+            self._forget_empty()
+        return item
 
     def requeue(self, item: Item) -> None:
         """Put back an item that was dispatched but not run (its worker died); bypasses the bound."""
