@@ -447,32 +447,33 @@ class Engine:
             for item in batch.items:
                 self._fail(item, P.MODEL_ERROR, f"the model's worker answered badly: {outcome.problem}", now_ns, answers)
             return answers
-        stats = self.channels[batch.channel].stats
-        isolated = self.channels[batch.channel].settings.isolated   # regulated data is never cached
-        rejected = set(outcome.rejected)
+        channel = self.channels[batch.channel]
+        stats, record = channel.stats, channel.stats.latency.record
+        cache = self.cache if not channel.settings.isolated else None   # regulated data is never cached
+        errors, outputs, rejected = outcome.errors, outcome.outputs, set(outcome.rejected)
         compute_us = outcome.compute_ns // 1000
-        for i, item in enumerate(batch.items):
-            if i in outcome.errors:
-                self._fail(item, P.BAD_REQUEST if i in rejected else P.MODEL_ERROR, outcome.errors[i], now_ns, answers)
+        late = 0
+        for i, job in enumerate(batch.items):   # (each item is its Job)
+            if errors and i in errors:
+                self._fail(job, P.BAD_REQUEST if i in rejected else P.MODEL_ERROR, errors[i], now_ns, answers)
                 continue
-            job: Job = item
-            output = outcome.outputs[i] if outcome.outputs is not None else None
-            if self.cache is not None and job.cache_key is not None and not isolated:
-                self.cache.put(job.cache_key, self.freeze(output),
-                               "always" if job.warmup else job.cache_rule.store if job.cache_rule else "filter")
+            output = outputs[i] if outputs is not None else None
+            if cache is not None and job.cache_key is not None:
+                cache.put(job.cache_key, self.freeze(output),
+                          "always" if job.warmup else job.cache_rule.store if job.cache_rule else "filter")
             if job.warmup:
                 continue
             if arm is not None:   # a canary's arm: each request's outcome goes to its judge
-                self._judged(batch.channel, now_ns <= item.deadline_ns, now_ns - item.arrival_ns, now_ns)
-            total_us = (now_ns - item.arrival_ns) // 1000   # queue: all of it but compute (hand-over included)
-            timing = P.Timing(max(0, total_us - compute_us), compute_us, total_us, n, batch.channel,
-                              dev.name, outcome.simulated)
+                self._judged(batch.channel, now_ns <= job.deadline_ns, now_ns - job.arrival_ns, now_ns)
+            total_us = (now_ns - job.arrival_ns) // 1000   # queue: all of it but compute (hand-over included)
             stats.completed += 1
-            if now_ns > item.deadline_ns:
-                stats.late += 1
-            stats.latency.record(total_us)
+            if now_ns > job.deadline_ns:
+                late += 1
+            record(total_us)
             if not job.shadow:   # a canary's copy: judged, never answered
-                answers.append(Answer(job.payload, OK, output=output, timing=timing))
+                answers.append(Answer(job.payload, OK, output=output, timing=P.Timing(
+                    max(0, total_us - compute_us), compute_us, total_us, n, batch.channel, dev.name, outcome.simulated)))
+        stats.late += late
         return answers
 
     def _out_of_memory(self, device: int, batch: Batch) -> None:

@@ -55,7 +55,7 @@ class Plugins:
         self.pm = pm
         self.broken = broken
         self.sources = sources
-        self._admission_hooks = bool(pm.hook.dynbatchd_admit.get_hookimpls())
+        self.has_admission_checks = bool(pm.hook.dynbatchd_admit.get_hookimpls())
         self._route_impls = _direct_calls(pm.hook.dynbatchd_route, ("request", "config"))
         self._admit_impls = _direct_calls(pm.hook.dynbatchd_admit, ("request", "channel", "config"))
 
@@ -105,10 +105,6 @@ class Plugins:
             if channel is not None:
                 return channel
         return config.routing.default
-
-    @property
-    def has_admission_checks(self) -> bool:
-        return self._admission_hooks
 
     def channel_for(self, request: RequestInfo, config: Any) -> str:
         """The routing hook's answer, or the default channel when it names none that exists

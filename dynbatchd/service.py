@@ -168,8 +168,9 @@ class Daemon(Operations):
         info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
                            tokens, request.priority, request.tenant, request.user)
         channel = self.plugins.channel_for(info, config)
+        settings = config.channels[channel]
         tenant = request.tenant
-        if front.curve and config.compliance.key_tenants and config.channels[channel].isolated:
+        if front.curve and config.compliance.key_tenants and settings.isolated:
             peer = None if isinstance(envelope, LocalEnvelope) else front.peer   # a front door has no key
             tenant, refusal = tenant_of_key(config.compliance.key_tenants, peer, request.tenant)
             if refusal:
@@ -187,9 +188,9 @@ class Daemon(Operations):
                 cache_key = (request.model, tenant, request.text)
             if self.cache_rule is not None:
                 rule = self.cache_rule(info)
-            if request.user is not None and self.top_users is not None and not config.channels[channel].isolated:
+            if request.user is not None and self.top_users is not None and not settings.isolated:
                 self.top_users.observe(tenant, request.user, request.model, request.text)
-        job = Job(request.model, channel, tokens, request.deadline_ms or config.channels[channel].deadline_ms,
+        job = Job(request.model, channel, tokens, request.deadline_ms or settings.deadline_ms,
                   Pending(envelope, request, frames), tenant, cache_key, rule)
         answer = self.engine.submit(job, self.clock())
         if answer is not None:

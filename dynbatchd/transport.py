@@ -413,8 +413,9 @@ class FrontEnd:
         self.unauthenticated += 1
 
     def _on_messages(self, batch: list[list[bytes]]) -> None:
+        curve = self.curve   # (then each message is a Message carrying its sender's key name)
         for frames in batch:
-            self.peer = getattr(frames, "user_id", None)
+            self.peer = frames.user_id if curve else None
             envelope, body = split_envelope(frames)
             if not body:
                 self.dropped += 1

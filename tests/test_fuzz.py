@@ -139,6 +139,7 @@ class RecordingFrontEnd(FrontEnd):
     def __init__(self, max_request_bytes: int = 4096):
         self.max_request_bytes = max_request_bytes
         self.dropped = self.bad_requests = 0
+        self.curve = False   # (a plain socket: no sender keys)
         self.answers: list[tuple[str, P.Reply | P.Request]] = []
         self.handler = lambda envelope, request, frames: self.answers.append(("handed on", request))
 

@@ -81,21 +81,22 @@ class Scheduler:
         priority. No prediction while a device is `idle` or before the cost model has settled (`CostModel.settled`).
         """
         channel = self.channels[item.channel]
-        wait = None
-        if not idle and channel.depth >= channel.sizer.max_batch() and channel.cost.settled \
-                and not channel.long_share.is_long(item.tokens):   # (less than a batch queued: nothing to predict)
+        if idle or channel.depth < channel.sizer.max_batch() or not channel.cost.settled \
+                or channel.long_share.is_long(item.tokens):   # (less than a batch queued: nothing to predict)
             # (A long request is never judged on the short ones a backlog serves first: its
             # floor of device time, `LongShare`, serves it; if not in time, it expires.)
-            mine = channel.settings.priority
-            ahead = 0
-            for other in self.channels.values():   # (a plain loop: this runs per request under load)
-                if other.depth and other.settings.priority > mine:
-                    ahead += other.backlog_ns()
-            wait = (ahead + channel.backlog_ns()) // max(1, devices)
-            if item.deadline_ns < now_ns + wait + channel.cost.estimate_ns(1, item.tokens):
-                # Refusing is the rare path: look closer. A backlog serves shorter requests first.
-                wait = (ahead + channel.backlog_ns(up_to_tokens=item.tokens)) // max(1, devices)
-        return channel.offer(item, now_ns, wait)
+            return channel.offer(item, now_ns)
+        mine = channel.settings.priority
+        ahead = 0
+        for other in self.channels.values():   # (a plain loop: this runs per request under load)
+            if other.depth and other.settings.priority > mine:
+                ahead += other.backlog_ns()
+        wait = (ahead + channel.backlog_ns()) // max(1, devices)
+        run = channel.cost.estimate_ns(1, item.tokens)
+        if item.deadline_ns < now_ns + wait + run:
+            # Refusing is the rare path: look closer. A backlog serves shorter requests first.
+            wait = (ahead + channel.backlog_ns(up_to_tokens=item.tokens)) // max(1, devices)
+        return channel.offer(item, now_ns, wait, run)
 
     def completed(self, batch: Batch, compute_ns: int, now_ns: int) -> None:
         """A device finished `batch`: teach the cost model and the window policy."""

@@ -198,23 +198,25 @@ class Channel:
         self.lanes.clear()
         self.depth = 0
 
-    def offer(self, item: Item, now_ns: int, wait_ns: int | None = None) -> bool:
+    def offer(self, item: Item, now_ns: int, wait_ns: int | None = None, run_ns: int | None = None) -> bool:
         """Queue `item`; False when the caller should answer `overloaded` at once: the queue is
         full, or `wait_ns` (the predicted wait before it could start; None: no prediction,
-        e.g. a device is idle) plus its own run would end past its deadline. The refusal is
-        better now than `deadline_exceeded` later, after holding a place."""
+        e.g. a device is idle) plus its own run (`run_ns`, else the learned cost of a batch of
+        one) would end past its deadline. The refusal is better now than `deadline_exceeded`
+        later, after holding a place."""
         if self.depth >= self.settings.queue_limit:
             self.stats.overloaded += 1
             self.refused_wait_ns = None
             return False
-        if wait_ns is not None:
+        if wait_ns is not None and not self.settings.run_late:
             wait_ns = max(wait_ns, self._drain_wait_ns(now_ns))
-        if wait_ns is not None and not self.settings.run_late and \
-                now_ns + wait_ns + self.cost.estimate_ns(1, item.tokens) > item.deadline_ns:
-            self.stats.overloaded += 1
-            self.refused_wait_ns = wait_ns
-            return False
-        if self.depth >= self.sizer.max_batch() and self._backlogged_since is None:
+            if run_ns is None:
+                run_ns = self.cost.estimate_ns(1, item.tokens)
+            if now_ns + wait_ns + run_ns > item.deadline_ns:
+                self.stats.overloaded += 1
+                self.refused_wait_ns = wait_ns
+                return False
+        if self._backlogged_since is None and self.depth >= self.sizer.max_batch():
             self._backlogged_since = now_ns
         self.lane_for(item).push(item)
         self.depth += 1
