@@ -201,15 +201,11 @@ class Engine:
         """Hand `job` to the scheduler; False: its channel refused it (full, or backlogged past its deadline)."""
         self._keys += 1
         job.key, job.arrival_ns, job.deadline_ns = self._keys, now_ns, now_ns + int(job.deadline_ms * 1e6)
-        devices = self.devices
-        if len(devices) == 1:   # (the usual pool: one device, no loop per request)
-            usable, idle = int(devices[0].usable), devices[0].usable and not devices[0].held
-        else:
-            usable = idle = 0
-            for d in devices:
-                if d.usable:
-                    usable += 1
-                    idle = idle or not d.held
+        usable = idle = 0
+        for d in self.devices:
+            if d.usable:
+                usable += 1
+                idle = idle or not d.held
         if self.scheduler.submit(job, now_ns, usable, bool(idle)):
             return True
         self._judged(job.channel, False, 0, now_ns)

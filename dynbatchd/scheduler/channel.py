@@ -173,8 +173,6 @@ class Channel:
         bucket. In an isolated channel a request of no tenant (``anonymous = "alone"``; the engine
         refuses it otherwise) has a lane of its own, so it runs in a batch of one."""
         settings = self.settings
-        if not settings.isolated and not settings.token_buckets:   # (most channels: model and warmup only)
-            return item.model, None, 0, item.warmup
         tenant = (item.tenant if item.tenant is not None else ("alone", item.key)) if settings.isolated else None
         bucket = bisect.bisect_left(settings.token_buckets, item.tokens) if settings.token_buckets else 0
         return item.model, tenant, bucket, item.warmup
