@@ -448,7 +448,7 @@ class Engine:
                 self._fail(item, P.MODEL_ERROR, f"the model's worker answered badly: {outcome.problem}", now_ns, answers)
             return answers
         channel = self.channels[batch.channel]
-        stats, record = channel.stats, channel.stats.latency.record
+        stats, latencies = channel.stats, []
         cache = self.cache if not channel.settings.isolated else None   # regulated data is never cached
         errors, outputs, rejected = outcome.errors, outcome.outputs, set(outcome.rejected)
         compute_us = outcome.compute_ns // 1000
@@ -466,14 +466,15 @@ class Engine:
             if arm is not None:   # a canary's arm: each request's outcome goes to its judge
                 self._judged(batch.channel, now_ns <= job.deadline_ns, now_ns - job.arrival_ns, now_ns)
             total_us = (now_ns - job.arrival_ns) // 1000   # queue: all of it but compute (hand-over included)
-            stats.completed += 1
             if now_ns > job.deadline_ns:
                 late += 1
-            record(total_us)
+            latencies.append(total_us)
             if not job.shadow:   # a canary's copy: judged, never answered
                 answers.append(Answer(job.payload, OK, output=output, timing=P.Timing(
                     max(0, total_us - compute_us), compute_us, total_us, n, batch.channel, dev.name, outcome.simulated)))
+        stats.completed += len(latencies)
         stats.late += late
+        stats.latency.record_all(latencies)
         return answers
 
     def _out_of_memory(self, device: int, batch: Batch) -> None:

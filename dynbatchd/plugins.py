@@ -120,8 +120,7 @@ class Plugins:
             answers = self.pm.hook.dynbatchd_admit(request=request, channel=channel, config=config)
         else:
             answers = [fn(request, channel, config) for fn in self._admit_impls]
-        refusals = [r for r in answers if r]
-        return "; ".join(refusals) if refusals else None
+        return "; ".join(r for r in answers if r) if any(answers) else None
 
     def check_config(self, config: Any) -> list[Violation]:
         found: list[Violation] = []

@@ -207,24 +207,25 @@ class Daemon(Operations):
 
     def _send(self, answers) -> None:
         """Each engine answer as a reply to its client (warmup inputs have none)."""
-        reply = self.front.reply if self.front else None
+        front, queued = self.front, self._queued
         for answer in answers:
-            envelope, request, _ = answer.payload
+            pending = answer.payload
+            envelope, request = pending.envelope, pending.request
+            if envelope is None:
+                continue
+            queued.pop((envelope[0], request.id), None)
             if isinstance(envelope, LocalEnvelope):
-                self._queued.pop((envelope[0], request.id), None)
                 envelope.settle(answer)
+            elif front is None:
                 continue
-            if envelope is None or reply is None:
-                continue
-            self._queued.pop((envelope[0], request.id), None)
-            if answer.code != OK:
-                self.front.reject(envelope, request.id, answer.code, answer.message)
-                continue
-            value, data = answer.output
-            if data is not None:
-                reply(envelope, P.Reply(request.id, True, tensor=value, timing=answer.timing), (data,))
+            elif answer.code != OK:
+                front.reject(envelope, request.id, answer.code, answer.message)
             else:
-                reply(envelope, P.Reply(request.id, True, value=value, timing=answer.timing))
+                value, data = answer.output
+                if data is not None:
+                    front.reply(envelope, P.Reply(request.id, True, tensor=value, timing=answer.timing), (data,))
+                else:
+                    front.reply(envelope, P.Reply(request.id, True, value=value, timing=answer.timing))
 
     # -- scheduling ---------------------------------------------------------
     def _schedule_pump(self) -> None:

@@ -33,6 +33,16 @@ class Histogram:
         if us > self.max_us:
             self.max_us = us
 
+    def record_all(self, values: list[float]) -> None:
+        """`record` for each of `values` (a batch's latencies: one call, not one per request)."""
+        counts, top, log2, per = self.counts, _BUCKETS - 1, math.log2, _PER_DOUBLING
+        for us in values:
+            counts[0 if us <= 1.0 else min(top, int(log2(us) * per) + 1)] += 1
+        if values:
+            self.total += len(values)
+            self.sum_us += sum(values)
+            self.max_us = max(self.max_us, max(values))
+
     def quantile(self, q: float) -> float:
         """Upper edge of the bucket holding quantile q (0..1); 0 when empty."""
         if not self.total:
@@ -69,25 +79,33 @@ class Histogram:
 
 class LatencyRecorder:
     """Latency since start, and over the last 30 to 60 seconds (what `status` should show:
-    a lifetime p99 hides today's spike behind yesterday's calm)."""
+    a lifetime p99 hides today's spike behind yesterday's calm). A latency is recorded once,
+    in the current period (this runs per request); the lifetime is the periods added up."""
 
-    __slots__ = ("lifetime", "_current", "_previous")
+    __slots__ = ("_retired", "_current", "_previous")
 
     def __init__(self) -> None:
-        self.lifetime = Histogram()
+        self._retired = Histogram()    # every period before the previous one
         self._current = Histogram()
         self._previous = Histogram()
 
     def record(self, us: float) -> None:
-        self.lifetime.record(us)
         self._current.record(us)
+
+    def record_all(self, values: list[float]) -> None:
+        self._current.record_all(values)
 
     def rotate(self) -> None:
         """Start a new period (the daemon calls this every 30 s): the recent window drops the oldest."""
+        self._retired = self._retired.add(self._previous)
         self._previous, self._current = self._current, Histogram()
 
     def recent(self) -> Histogram:
         return self._previous.add(self._current)
+
+    @property
+    def lifetime(self) -> Histogram:
+        return self._retired.add(self.recent())
 
 
 # -- the figures: one definition each, for status, /metrics, simulate and the benchmarks ------

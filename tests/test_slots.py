@@ -63,6 +63,19 @@ def test_latency_recent_window_forgets_old_periods_but_lifetime_keeps_them():
     assert rec.lifetime.cumulative()[-1][1] == 200 and rec.lifetime.total == 200
 
 
+def test_recording_a_batch_of_latencies_at_once_is_recording_each():
+    from dynbatchd.telemetry import Histogram
+
+    values = [0, 1, 2, 999, 1_000, 12_345, 10**12]   # the bottom bucket, the edges, past the top
+    one_by_one, at_once = Histogram(), Histogram()
+    for us in values:
+        one_by_one.record(us)
+    at_once.record_all(values)
+    at_once.record_all([])
+    assert at_once.counts == one_by_one.counts
+    assert (at_once.total, at_once.sum_us, at_once.max_us) == (one_by_one.total, one_by_one.sum_us, one_by_one.max_us)
+
+
 def test_health_score_normalises_each_term_before_weighting():
     from dynbatchd.telemetry import daemon_health, health_score
 

@@ -9,7 +9,7 @@ without copying.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 
@@ -18,12 +18,14 @@ from dynbatchd.engine import Outcome
 from dynbatchd.scheduler import Batch
 
 
-class Pending(NamedTuple):
+class Pending:
     """A live request while the engine holds it: where to reply, what was asked, its frames.
-    `envelope` is None for a warmup input (nobody waits for it)."""
-    envelope: list[bytes] | None
-    request: P.Request
-    frames: list[bytes] | tuple = ()
+    `envelope` is None for a warmup input (nobody waits for it). (A slotted class, not a
+    NamedTuple: one is made per request, and a NamedTuple's constructor costs twice as much.)"""
+    __slots__ = ("envelope", "request", "frames")
+
+    def __init__(self, envelope: list[bytes] | None, request: P.Request, frames: list[bytes] | tuple = ()):
+        self.envelope, self.request, self.frames = envelope, request, frames
 
 
 def fingerprint(pending: Pending) -> bytes:
