@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any
 
 # Log-spaced buckets: 8 per doubling, from 1 µs up to ~1.1e9 µs (about 18 minutes).
@@ -26,15 +27,10 @@ class Histogram:
         self.max_us = 0.0
 
     def record(self, us: float) -> None:
-        idx = 0 if us <= 1.0 else min(_BUCKETS - 1, int(math.log2(us) * _PER_DOUBLING) + 1)
-        self.counts[idx] += 1
-        self.total += 1
-        self.sum_us += us
-        if us > self.max_us:
-            self.max_us = us
+        self.record_all((us,))
 
-    def record_all(self, values: list[float]) -> None:
-        """`record` for each of `values` (a batch's latencies: one call, not one per request)."""
+    def record_all(self, values: Sequence[float]) -> None:
+        """Each of `values` (a batch's latencies: one call, not one per request)."""
         counts, top, log2, per = self.counts, _BUCKETS - 1, math.log2, _PER_DOUBLING
         for us in values:
             counts[0 if us <= 1.0 else min(top, int(log2(us) * per) + 1)] += 1
@@ -92,7 +88,7 @@ class LatencyRecorder:
     def record(self, us: float) -> None:
         self._current.record(us)
 
-    def record_all(self, values: list[float]) -> None:
+    def record_all(self, values: Sequence[float]) -> None:
         self._current.record_all(values)
 
     def rotate(self) -> None:
