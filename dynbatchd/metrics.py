@@ -37,6 +37,8 @@ _CHANNEL_COUNTERS = (
     ("on_time_count", "dynbatchd_requests_on_time_total",
      "Requests answered successfully within their deadline (cache hits included)."),
     ("batches", "dynbatchd_batches_total", "Batches of live traffic dispatched to devices."),
+    ("cost_disputed", "dynbatchd_cost_disputed_total",
+     "Requests the learned cost would have refused while it overestimated the measured cost by far (not refused)."),
 )
 _CHANNEL_GAUGES = (
     ("queue_depth", "dynbatchd_queue_depth", "Requests waiting in the channel."),

@@ -144,6 +144,7 @@ class ChannelStats:
     compute_ns: int = 0       # batch compute time summed over dispatched requests
     cache_hits: int = 0       # answered from the result cache: no latency, no batch
     cancelled: int = 0        # withdrawn by their client while queued
+    cost_disputed: int = 0    # refusals not made: the learned cost overestimated the measured one by far
     warmup_batches: int = 0   # warmup work, kept out of fill and latency
     warmup_items: int = 0
     batch_sizes: dict[int, int] = field(default_factory=dict)   # live batches by size
@@ -181,6 +182,7 @@ class ChannelStats:
             "scheduling_efficiency": scheduling_efficiency(self.compute_ns, self.wait_ns),
             "cache_hits": self.cache_hits,
             "cancelled": self.cancelled,
+            "cost_disputed": self.cost_disputed,
             "batch_sizes": dict(self.batch_sizes), "compute_s": self.compute_ns / 1e9, "wait_s": self.wait_ns / 1e9,
             "fill_sum": self.fill_sum, "batched_items": self.batched_items,
             "warmup": {"batches": self.warmup_batches, "items": self.warmup_items},

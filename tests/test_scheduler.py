@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from dynbatchd.config import ChannelSettings
-from dynbatchd.scheduler import MS, Item, Scheduler, build_channels
+from dynbatchd.scheduler import MS, CostModel, Item, Scheduler, build_channels
 
 _keys = itertools.count(1)
 
@@ -205,8 +205,9 @@ def test_thousands_of_arrivals_replay_fast_and_every_request_is_accounted_for():
 def test_under_overload_realtime_keeps_its_deadline_and_standard_absorbs_the_delay():
     s = make(realtime=ChannelSettings(max_batch=4, window_ms=0, deadline_ms=70, priority=2),
              standard=ChannelSettings(max_batch=4, window_ms=0, deadline_ms=1000, priority=1))
-    s.channels["realtime"].cost.observe(4, 0, 40 * MS)
-    s.channels["standard"].cost.observe(4, 0, 40 * MS)
+    for _ in range(CostModel.SETTLED_AFTER):   # a settled cost: expiry may refuse on it
+        s.channels["realtime"].cost.observe(4, 0, 40 * MS)
+        s.channels["standard"].cost.observe(4, 0, 40 * MS)
     # Batches take 40 ms. A standard request that has waited 930 ms is due at 1000 ms; a fresh
     # realtime one at 1000 ms too. Only one can start now; the other could only end at 1010.
     old_standard = item("standard", 0, deadline_ms=1000)

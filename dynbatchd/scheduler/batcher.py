@@ -78,10 +78,11 @@ class Scheduler:
 
         The predicted wait is the device time the work queued ahead of it needs, spread over
         the `devices` that serve: its own channel's and that of every channel of higher
-        priority. No prediction while a device is `idle` or before the cost model has settled (`CostModel.settled`).
+        priority. No prediction while a device is `idle` or while the channel may not refuse on its
+        learned cost (`Channel.refuses_on_cost`: not settled, or not confirmed lately).
         """
         channel = self.channels[item.channel]
-        if idle or channel.depth < channel.sizer.max_batch() or not channel.cost.settled \
+        if idle or channel.depth < channel.sizer.max_batch() or not channel.refuses_on_cost(now_ns) \
                 or channel.long_share.is_long(item.tokens):   # (less than a batch queued: nothing to predict)
             # (A long request is never judged on the short ones a backlog serves first: its
             # floor of device time, `LongShare`, serves it; if not in time, it expires.)
@@ -102,7 +103,7 @@ class Scheduler:
         """A device finished `batch`: teach the cost model and the window policy."""
         channel = self.channels[batch.channel]
         n = len(batch.items)
-        channel.cost.observe(n, batch.tokens, compute_ns)
+        channel.cost.observe(n, batch.tokens, compute_ns, now_ns)
         channel.window.on_batch_done(n, batch.tokens, compute_ns, now_ns)
         if not batch.items[0].warmup:
             channel.stats.compute_ns += compute_ns * n
@@ -135,8 +136,9 @@ class Scheduler:
         batch (0 when one is idle); window policies may weigh it.
         """
         decision = Decision()
+        idle = free_slots > 0 and device_busy_ns == 0
         for channel in self.channels.values():
-            channel.expire(now_ns, decision.expired, device_busy_ns)
+            channel.expire(now_ns, decision.expired, device_busy_ns, idle)
         while free_slots > 0:
             pick = self._most_urgent_ready(now_ns, free_slots, device_busy_ns)
             if pick is None:
@@ -228,7 +230,6 @@ class Scheduler:
         for channel in self.channels.values():
             if not channel.depth:
                 continue
-            one = channel.cost.estimate_ns(1)
             for lane in channel.lanes.values():
                 if not lane.heap:
                     continue
@@ -236,7 +237,7 @@ class Scheduler:
                 if at <= now_ns:
                     at = NEVER
                 if not channel.settings.run_late:
-                    at = min(at, lane.head_deadline() - one + 1)  # first instant it is hopeless
+                    at = min(at, channel.expires_at(lane, now_ns))
                 soonest = min(soonest, at)
         return None if soonest == NEVER else max(soonest, now_ns)
 

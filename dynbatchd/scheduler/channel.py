@@ -10,16 +10,19 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import logging
 import math
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Hashable
 
 from dynbatchd.scheduler.longshare import LongShare
-from dynbatchd.scheduler.policies import MS, BatchSizer, CostModel, LaneState, WindowPolicy
+from dynbatchd.scheduler.cost import CostModel
+from dynbatchd.scheduler.policies import MS, BatchSizer, LaneState, WindowPolicy
 from dynbatchd.telemetry import ChannelStats
 
 NEVER = 1 << 62
+log = logging.getLogger("dynbatchd.scheduler")
 
 
 @dataclass(slots=True, eq=False)
@@ -123,6 +126,8 @@ class Channel:
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
         self.last_window_ns: int | None = None
         self.long_share = LongShare()
+        self._probed_ns = -self.PROBE_EVERY_NS   # when `expire` last let a hopeless request try
+        self._spared: tuple[int, set[int]] = (0, set())   # (CostModel.disputes episode logged, keys it spared)
 
     ARRIVAL_TAU_NS = 10_000_000_000   # the offered rate `status` shows follows the last ~10 s
 
@@ -213,6 +218,10 @@ class Channel:
             if run_ns is None:
                 run_ns = self.cost.estimate_ns(1, item.tokens)
             if now_ns + wait_ns + run_ns > item.deadline_ns:
+                if self.cost.disputed:   # a cost that overestimates what was measured refuses nothing
+                    self.disputed_refusal(item, run_ns)
+                    wait_ns = None
+            if wait_ns is not None and now_ns + wait_ns + run_ns > item.deadline_ns:
                 self.stats.overloaded += 1
                 self.refused_wait_ns = wait_ns
                 return False
@@ -249,16 +258,64 @@ class Channel:
         self.lane_for(item).push(item)
         self.depth += 1
 
-    def expire(self, now_ns: int, out: list[Item], device_busy_ns: int = 0) -> None:
-        """Move requests that can no longer finish in time to `out` (unless run_late)."""
+    PROBE_EVERY_NS = 250_000_000   # while a device idles, a request the cost calls hopeless is tried this often
+
+    def refuses_on_cost(self, now_ns: int) -> bool:
+        """Whether the learned cost may refuse work now (`CostModel.trusted`: settled, and confirmed
+        by a measured batch lately). Even then a refusal on a cost that overestimates the recent
+        batches by far (`CostModel.disputed`) is not made, but counted and logged (`disputed_refusal`)."""
+        return not self.settings.run_late and self.cost.trusted(now_ns)
+
+    def disputed_refusal(self, item: Item, estimate_ns: int) -> None:
+        """The disputed cost would have refused `item`: it stays instead; each request counted once,
+        each episode (`CostModel.disputes`) logged once."""
+        cost = self.cost
+        episode, keys = self._spared
+        if episode != cost.disputes:   # a new episode: logged once, counted afresh
+            keys = set()
+            self._spared = (cost.disputes, keys)
+            measured = cost.measured_ns(1, item.tokens)
+            log.warning("channel %s: its learned cost (%.1f ms for one request) is %.0f times what its last "
+                        "batches measured (%.1f ms); it refuses nothing on that cost until the two agree again",
+                        self.name, estimate_ns / MS, estimate_ns / max(1, measured), measured / MS)
+        if item.key not in keys:
+            if len(keys) > 2 * self.settings.queue_limit:   # (only queued ones can be spared twice)
+                keys.clear()
+            keys.add(item.key)
+            self.stats.cost_disputed += 1
+
+    def expire(self, now_ns: int, out: list[Item], device_busy_ns: int = 0, idle: bool = False) -> None:
+        """Move requests that can no longer finish in time to `out` (unless run_late): past their
+        deadline, or hopeless by a cost the channel may refuse on (`refuses_on_cost`). While a
+        device is `idle` and no batch of this channel was measured for PROBE_EVERY_NS, the most
+        urgent of those the cost calls hopeless is tried anyway (a circuit breaker's half-open
+        state): its batch re-measures the cost."""
         if self.settings.run_late:
             return
-        # Hopeless: even a batch of one, started when a device is next free, would end too late.
+        on_cost = self.refuses_on_cost(now_ns)
+        confirmed = self.cost.confirmed_ns
+        last = max(self._probed_ns, now_ns if confirmed is None else confirmed)
+        probe = idle and on_cost and now_ns - last >= self.PROBE_EVERY_NS   # no batch of its own for a while
         start = now_ns + device_busy_ns
         estimate = self.cost.estimate_ns
         emptied = False
         for lane in self.lanes.values():
-            while lane.heap and lane.heap[0][0] < start + estimate(1, lane.heap[0][2].tokens):
+            while lane.heap:
+                deadline, _, head = lane.heap[0]
+                if deadline >= now_ns:   # it could still make it: only a cost the channel trusts says otherwise
+                    if not on_cost:
+                        break
+                    run = estimate(1, head.tokens)
+                    if deadline >= start + run:
+                        break
+                    if self.cost.disputed:   # kept, as is every one behind it: count them all
+                        for entry in lane.heap:
+                            if entry[0] < start + estimate(1, entry[2].tokens):
+                                self.disputed_refusal(entry[2], estimate(1, entry[2].tokens))
+                        break
+                    if probe:
+                        probe, self._probed_ns = False, now_ns
+                        break
                 item = lane.pop()
                 out.append(item)
                 self.depth -= 1
@@ -268,6 +325,16 @@ class Channel:
             emptied = emptied or not lane.heap
         if emptied:
             self._forget_empty()
+
+    def expires_at(self, lane: Lane, now_ns: int) -> int:
+        """The first instant `expire` would answer this lane's head: when even a batch of one would
+        end too late, by a cost the channel may refuse on; else (or already past that, yet kept:
+        a probe, a disputed cost) at its deadline."""
+        deadline = lane.head_deadline()
+        if not self.refuses_on_cost(now_ns):
+            return deadline + 1
+        at = deadline - self.cost.estimate_ns(1) + 1
+        return at if at > now_ns else deadline + 1
 
     def lane_state(self, lane: Lane, free_slots: int, busy_ns: int = 0) -> LaneState:
         return LaneState(len(lane), lane.tokens, self.sizer.max_batch(), lane.opened_ns,
