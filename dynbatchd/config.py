@@ -190,6 +190,8 @@ class DeviceSettings(Frozen, kw_only=True):
     # GB of every device, or by device name ({ "cuda:0" = 80, "cuda:1" = 24 }); 0 or absent: unknown
     memory_gb: GigaBytes | dict[str, GigaBytes] = 0.0
     restart_limit: Annotated[int, Meta(ge=0, le=1_000_000)] = 5
+    probe_after_s: Annotated[float, Meta(gt=0, le=MAX_S)] = 30.0   # a given-up device's first cool-down
+    give_up_exit_s: Seconds = 300.0   # every device given up this long: exit 1 (0: never)
     batch_timeout_s: Seconds = 120.0
 
     def memory_gb_of(self, device: str) -> float:

@@ -9,6 +9,8 @@ clock reading and carry out what it returns:
     step(now)                        -> (dispatches to send, answers to send)
     completed(device, id, outcome, now) -> answers
     lost(device, now)                -> Loss(answers, explained)
+    unsendable(device, id, bad, now) -> answers (a batch that could not be encoded)
+    overdue(now, timeout)            -> [(device, limit)] hung: to be killed (lost() follows)
     next_wakeup()                    -> when step() should run again (None: on the next event)
 
 No sockets, threads, asyncio or clocks here: the live daemon
@@ -33,6 +35,8 @@ from dynbatchd.telemetry import DeviceStats
 OK = "ok"
 ANONYMOUS_RULE = "isolated-needs-tenant"   # an isolated channel's request without a tenant
 MAX_RETRIES = 1              # a request whose worker died under it runs once more, alone
+SUSPECT_FACTOR = 10          # a retried request alone is hung after this many times its estimate...
+SUSPECT_FLOOR_NS = 10**9     # ...but never before this
 QUARANTINE_SIZE = 4096       # fingerprints of inputs proven to kill a worker
 WARMUP_DEADLINE_NS = 3_600 * 10**9   # warmup is never urgent and never answered
 LATENCY_PERIOD_NS = 30 * 10**9       # status shows the last 30-60 s of latency
@@ -114,7 +118,8 @@ class Device:
     stats: DeviceStats
     usable: bool = False
     exclusive: bool = False     # running a retried request alone: takes nothing else meanwhile
-    gone: bool = False          # given up for good
+    gone: bool = False          # given up: nothing goes there until a probe of it comes up
+    hung: int | None = None     # the batch the watchdog found hung (the device is being killed)
     # batch id -> (batch, when it started or was sent), in send order; the head's time is updated
     # when the batch ahead of it ends, so the device's estimated end is right and hung counts from its start
     held: dict[int, tuple[Batch, int]] = field(default_factory=dict)
@@ -490,18 +495,23 @@ class Engine:
 
     def lost(self, device: int, now_ns: int) -> Loss:
         """A device died. What it was running runs once more, alone; a request that kills the
-        device a second time is proven poison: answered, and its input quarantined. What was
-        only waiting behind it is requeued as it was."""
+        device a second time is proven poison: answered, and its input quarantined. So is one
+        that hung alone (the watchdog killed its device, see overdue()): it needs no second
+        period to prove it. What was only waiting behind it is requeued as it was."""
         dev = self.devices[device]
         held = [batch for batch, _ in dev.held.values()]   # in the order sent: the first was running
+        hung = bool(held) and dev.hung == held[0].id
         dev.held.clear()
         dev.stats.inflight = 0
         dev.usable = dev.exclusive = False
+        dev.hung = None
         answers: list[Answer] = []
         retry: list[Item] = []
         explained = False
-        for item in (held[0].items if held else []):
-            if item.retries < MAX_RETRIES:
+        running = held[0].items if held else []
+        alone = hung and len(running) == 1
+        for item in running:
+            if item.retries < MAX_RETRIES and not alone:
                 item.retries += 1
                 retry.append(item)
                 continue
@@ -510,8 +520,9 @@ class Engine:
                 self.quarantine[self.fingerprint(item.payload)] = None
                 while len(self.quarantine) > QUARANTINE_SIZE:
                     self.quarantine.popitem(last=False)
-            self._fail(item, P.MODEL_ERROR, f"the worker for {dev.name} died twice while running this "
-                                            "request; its input is quarantined", now_ns, answers)
+            why = "hung while running this request alone" if alone else "died twice while running this request"
+            self._fail(item, P.MODEL_ERROR, f"the worker for {dev.name} {why}; its input is quarantined",
+                       now_ns, answers)
         retry.extend(item for batch in held[1:] for item in batch.items)
         if self.stopped:
             for item in retry:
@@ -519,6 +530,33 @@ class Engine:
         else:
             self.scheduler.requeue(retry)
         return Loss(answers, explained)
+
+    def unsendable(self, device: int, batch_id: int, bad: dict[int, str], now_ns: int) -> list[Answer]:
+        """A dispatched batch could not be encoded for its worker. Its inputs that cannot be
+        encoded even alone (`bad`: index -> why) are the client's fault, answered bad_request; the
+        rest go back to the queue as they were. With none bad alone, the whole batch is answered
+        model_error. Either way its device slot is free at once: nothing waits for a batch that
+        was never sent."""
+        dev = self.devices[device]
+        entry = dev.held.pop(batch_id, None)
+        dev.stats.inflight = len(dev.held)
+        if not dev.held:
+            dev.exclusive = False
+        answers: list[Answer] = []
+        if entry is None:
+            return answers
+        keep = []
+        for i, item in enumerate(entry[0].items):
+            if i in bad:
+                self._fail(item, P.BAD_REQUEST, f"this input cannot be encoded for the model's worker ({bad[i]})",
+                           now_ns, answers)
+            elif not bad:
+                self._fail(item, P.MODEL_ERROR, "this request's batch could not be sent to the model's worker",
+                           now_ns, answers)
+            else:
+                keep.append(item)
+        self.scheduler.requeue(keep)
+        return answers
 
     def undelivered(self, device: int, batch_id: int) -> None:
         """A dispatched batch could not be sent (its worker vanished): it waits for another device."""
@@ -529,10 +567,24 @@ class Engine:
         if entry is not None:
             self.scheduler.requeue(entry[0].items)
 
-    def overdue(self, now_ns: int, timeout_ns: int) -> list[int]:
-        """Devices that have held a batch longer than `timeout_ns` (hung: to be replaced)."""
-        return [i for i, d in enumerate(self.devices)
-                if d.held and now_ns - min(sent for _, sent in d.held.values()) > timeout_ns]
+    def overdue(self, now_ns: int, timeout_ns: int) -> list[tuple[int, int]]:
+        """(device, limit) for each device whose running batch has run past its limit: hung, to be
+        killed; lost() then knows it hung. The limit is `timeout_ns`, except for a retried request
+        running alone once its channel's cost is learned: SUSPECT_FACTOR times its estimate, at
+        least SUSPECT_FLOOR_NS. So after a batch hangs, its requests rerun alone and the one that
+        hangs again is found in a fraction of a second period, while the rest are answered."""
+        out = []
+        for i, d in enumerate(self.devices):
+            if not d.held:
+                continue
+            batch, started = next(iter(d.held.values()))   # the head is the running batch
+            limit = timeout_ns
+            if any(item.retries for item in batch.items) and self.channels[batch.channel].cost.samples:
+                limit = min(timeout_ns, max(SUSPECT_FLOOR_NS, SUSPECT_FACTOR * self._estimate(batch, i)))
+            if now_ns - started > limit:
+                d.hung = batch.id
+                out.append((i, limit))
+        return out
 
     def observe(self, now_ns: int, utilisation: float, memory: float) -> None:
         """Once a second or so: tell every channel's batch sizer what the devices are doing."""

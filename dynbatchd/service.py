@@ -28,7 +28,7 @@ from dynbatchd.audit import FILE_NAME as AUDIT_FILE, AuditLog
 from dynbatchd.cache import ResultCache
 from dynbatchd.config import Config, state_path
 from dynbatchd.control.server import ControlServer
-from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, fingerprint, freeze
+from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, fingerprint, freeze, unencodable
 from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, device_names, pool_class
 from dynbatchd.doors import LocalEnvelope
@@ -88,6 +88,8 @@ class Daemon(Operations):
     # -- lifecycle ----------------------------------------------------------
     async def run(self) -> int:
         loop = self.loop = asyncio.get_running_loop()
+        self.exit_code = 0                # 1 once every device stayed given up ([devices] give_up_exit_s)
+        self._give_up_timer: asyncio.TimerHandle | None = None
         ctx = zmq.Context.instance()
         metrics = await bind(self, ctx)   # every address before any model loads: a clash fails in a second
         ipc_dir = tempfile.mkdtemp(prefix="dynbatchd-")
@@ -100,6 +102,7 @@ class Daemon(Operations):
         make_pool = pool_class(self.config.devices)   # local worker processes, or Ray actors
         self.pool = make_pool(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
                               ipc_dir=ipc_dir, restart_limit=self.config.devices.restart_limit,
+                              probe_after_s=self.config.devices.probe_after_s,
                               on_result=self._on_result, on_lost=self._on_lost, on_ready=self._on_ready,
                               on_gone=self._on_gone, on_read_done=self._pump_if_scheduled,
                               log_level=self.config.daemon.log_level)
@@ -118,6 +121,7 @@ class Daemon(Operations):
         else:
             stopped.cancel()
             await self._serve()
+            code = self.exit_code
         if metrics is not None:
             metrics.close()
         await self._close(ipc_dir)
@@ -248,7 +252,15 @@ class Daemon(Operations):
         dispatches, answers = self.engine.step(now)
         self._send(answers)
         for dispatch in dispatches:
-            if not self.pool.send(dispatch.device, encode_batch(dispatch.batch)):
+            try:
+                frames = encode_batch(dispatch.batch)
+            except Exception as exc:   # e.g. a lone surrogate in a text from the HTTP door (valid JSON)
+                log.error("batch %d for %s could not be encoded (%s): answering it", dispatch.batch.id,
+                          self.devices[dispatch.device], type(exc).__name__)
+                self._send(self.engine.unsendable(dispatch.device, dispatch.batch.id, unencodable(dispatch.batch), now))
+                self._schedule_pump()
+                continue
+            if not self.pool.send(dispatch.device, frames):
                 self.engine.undelivered(dispatch.device, dispatch.batch.id)
                 self._schedule_pump()
         if self.state == "draining" and not self.engine.busy():
@@ -285,13 +297,33 @@ class Daemon(Operations):
 
     def _on_ready(self, device: int) -> None:
         self.engine.device_up(device)
+        if self._give_up_timer is not None:
+            self._give_up_timer.cancel()
+            self._give_up_timer = None
         if self.state == "unavailable":
             self.state = "serving"
+            log.info("device %s is back: serving again", self.devices[device])
+            systemd.notify(f"STATUS=serving on {self.config.daemon.listen}")
         self._schedule_pump()
 
     def _on_gone(self, device: int) -> None:
+        """A device was given up (the pool probes it again later). With none left, requests are
+        answered unavailable, and after [devices] give_up_exit_s of that the daemon exits 1 for
+        the service manager to restart it."""
         self._send(self.engine.device_gone(device, self.clock()))
-        if all(d.gone for d in self.engine.devices) and self.state == "serving":
+        if not all(d.gone for d in self.engine.devices) or self.state not in ("serving", "unavailable"):
+            return
+        if self.state == "serving":
             self.state = "unavailable"
             log.error("no device is left: answering every request unavailable (see dynbatchd(8))")
             systemd.notify("STATUS=unavailable: every device was given up")
+        limit = self.config.devices.give_up_exit_s
+        if limit and self._give_up_timer is None:
+            def exit_for_a_restart() -> None:
+                self._give_up_timer = None
+                if self.state == "unavailable":
+                    log.error("every device has been given up for %g s ([devices] give_up_exit_s): exiting with "
+                              "status 1 for the service manager to restart the daemon", limit)
+                    self.exit_code = 1
+                    self.request_stop()
+            self._give_up_timer = self.loop.call_later(limit, exit_for_a_restart)

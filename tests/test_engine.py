@@ -257,27 +257,6 @@ def test_exactly_once_under_random_deaths_stops_and_results(seed):
     assert accepted <= set(clients.answers)
 
 
-def test_the_restart_budget_counts_deaths_in_a_window_so_it_and_the_back_off_reset():
-    from dynbatchd.devices.pool import RestartBudget
-
-    budget = RestartBudget(limit=3, window_s=600)
-    assert [budget.died(t) for t in (0, 1, 2)] == [0.25, 0.5, 1.0]   # doubling back-off
-    assert budget.died(3) is None                                     # a fourth in ten minutes: give up
-    healthy = RestartBudget(limit=3, window_s=600)
-    for hour in range(10):                    # six-plus deaths, each after long healthy service
-        assert healthy.died(hour * 3600.0) == 0.25
-
-
-def test_a_proven_poison_refunds_the_death_that_proved_it():
-    from dynbatchd.devices.pool import RestartBudget
-
-    budget = RestartBudget(limit=1, window_s=600)
-    for poison in range(3):                   # three poison inputs, each killing its worker twice
-        assert budget.died(poison * 10.0) == 0.25
-        assert budget.died(poison * 10.0 + 1, explained=True) == 0.0
-    assert len(budget.deaths) == 0
-
-
 def test_the_scheduler_package_reads_no_files():
     """The memory planner reads model files; the scheduler must not (it lives in dynbatchd.memory)."""
     for path in sorted((REPO / "dynbatchd/scheduler").glob("*.py")):
@@ -299,7 +278,8 @@ def test_a_queued_batch_is_timed_from_when_the_batch_ahead_ended_not_from_when_i
     assert e._views()[0].free_at_ns == 20 * MS
     clients.take(e.completed(0, first.batch.id, ok_outcome(first.batch, 10 * MS), 15 * MS))   # ends late
     assert e._views()[0].free_at_ns == 25 * MS  # the queued one started at 15 ms
-    assert e.overdue(30 * MS, 14 * MS) == [0] and e.overdue(30 * MS, 16 * MS) == []   # hung counts from its start
+    assert e.overdue(30 * MS, 16 * MS) == []                   # hung counts from its start...
+    assert e.overdue(30 * MS, 14 * MS) == [(0, 14 * MS)]       # ...and with the limit that passed
 
 
 def test_a_cancelled_request_leaves_the_queue_answered_once_and_a_running_one_runs_on():
@@ -355,3 +335,122 @@ def test_the_serving_daemon_freezes_start_up_objects_and_collects_the_young_less
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     from dynbatchd.collector import YOUNG_LIMIT
     assert out == [str(YOUNG_LIMIT), "True"]
+
+
+# -- faults the daemon learns of (issue 23) ------------------------------------------------------
+def test_a_batch_that_cannot_be_encoded_fails_only_its_bad_input_and_frees_its_slot():
+    """A lone surrogate (valid JSON through the HTTP door, not UTF-8) once made encode_batch raise
+    out of the daemon's timer: nobody in the batch was answered and the slot stayed held."""
+    from dynbatchd.devices.batches import Pending, encode_batch, fingerprint, unencodable
+
+    e = Engine(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=10_000)}), ["d0"],
+               inflight=1, fingerprint=fingerprint)
+    e.device_up(0)
+    e.quarantine[b"something"] = None      # so that submit fingerprints every input, the bad one too
+    clients = Clients()
+    texts = ["a", "bad \ud800", "b"]
+    for i, text in enumerate(texts):
+        assert e.submit(Job("m", "c", 1, 10_000, Pending(None, P.Request(i, "m", text=text))), 0) is None
+    [dispatch], _ = e.step(0)
+    assert len(dispatch.batch.items) == 3
+    with pytest.raises(UnicodeEncodeError):
+        encode_batch(dispatch.batch)
+    bad = unencodable(dispatch.batch)
+    assert list(bad) == [1] and "UnicodeEncodeError" in bad[1] and "\ud800" not in bad[1]
+    [answer] = e.unsendable(0, dispatch.batch.id, bad, MS)
+    assert answer.payload.request.id == 1 and answer.code == P.BAD_REQUEST and "cannot be encoded" in answer.message
+    assert not e.devices[0].held                         # the slot is free at once...
+    [rerun], _ = e.step(MS)                              # ...and the batch-mates run without it
+    assert [item.payload.request.text for item in rerun.batch.items] == ["a", "b"]
+    encode_batch(rerun.batch)
+    clients.take([answer, *e.completed(0, rerun.batch.id, ok_outcome(rerun.batch), 2 * MS)])
+    assert sorted((p.request.id, code) for p, code in clients.codes().items()) == [(0, OK), (1, P.BAD_REQUEST),
+                                                                                 (2, OK)]
+
+
+def test_a_batch_that_fails_to_encode_with_no_input_to_blame_is_answered_model_error():
+    e, clients = engine(inflight=1), Clients()
+    for i in range(3):
+        e.submit(job(i), 0)
+    [dispatch], _ = e.step(0)
+    clients.take(e.unsendable(0, dispatch.batch.id, {}, MS))
+    assert clients.codes() == {0: P.MODEL_ERROR, 1: P.MODEL_ERROR, 2: P.MODEL_ERROR}
+    assert not e.devices[0].held and not e.busy()
+    assert e.unsendable(0, dispatch.batch.id, {}, MS) == []   # answered once
+
+
+def learned(e: Engine, compute_ns: int = MS) -> None:
+    """The channel's cost model has timed a few batches (so a suspect's limit can be derived)."""
+    for size in (1, 2, 3):
+        e.channels["c"].cost.observe(size, size, compute_ns)
+
+
+def test_a_request_that_hangs_alone_is_quarantined_at_the_first_kill():
+    """It used to run once more, alone, and hang a second full period before it was answered."""
+    e, clients = engine(), Clients()
+    e.submit(job("hang"), 0)
+    [dispatch], _ = e.step(0)
+    timeout = 5_000 * MS
+    assert e.overdue(timeout, timeout) == []
+    assert e.overdue(timeout + 1, timeout) == [(0, timeout)]
+    loss = e.lost(0, timeout + 2)
+    assert loss.explained
+    clients.take(loss.answers)
+    assert clients.answers["hang"][0] == P.MODEL_ERROR
+    assert e.submit(job("hang#again"), timeout + 3).code == P.MODEL_ERROR   # quarantined
+    e.device_up(0)
+    assert e.step(timeout + 4) == ([], [])
+
+
+def test_a_hung_batch_finds_its_hanging_input_in_a_fraction_of_a_second_period():
+    """The requests of a hung batch rerun alone; each may take SUSPECT_FACTOR times its estimate
+    (at least SUSPECT_FLOOR_NS), so the one that hangs again is killed long before a second
+    full period, and the others are answered."""
+    from dynbatchd.engine import SUSPECT_FLOOR_NS
+
+    e, clients = engine(), Clients()
+    learned(e)
+    for payload in ("a", "hang", "b"):
+        e.submit(job(payload), 0)
+    [dispatch], _ = e.step(0)
+    timeout = 5_000 * MS
+    assert e.overdue(timeout + 1, timeout) == [(0, timeout)]
+    loss = e.lost(0, timeout + 2)
+    assert loss.answers == [] and not loss.explained   # which one hung is not known yet
+    e.device_up(0)
+    now = timeout + 3
+    while True:
+        dispatches, answers = e.step(now)
+        clients.take(answers)
+        if not dispatches:
+            break
+        [d] = dispatches
+        assert len(d.batch.items) == 1
+        if d.batch.items[0].payload != "hang":
+            clients.take(e.completed(0, d.batch.id, ok_outcome(d.batch), now + MS))
+            now += 2 * MS
+            continue
+        assert e.overdue(now + SUSPECT_FLOOR_NS, timeout) == []
+        assert e.overdue(now + SUSPECT_FLOOR_NS + 1, timeout) == [(0, SUSPECT_FLOOR_NS)]
+        loss = e.lost(0, now + SUSPECT_FLOOR_NS + 2)
+        assert loss.explained
+        clients.take(loss.answers)
+        e.device_up(0)
+        now += SUSPECT_FLOOR_NS + 3
+    assert clients.codes() == {"a": OK, "b": OK, "hang": P.MODEL_ERROR}
+    assert len(e.quarantine) == 1
+
+
+def test_a_suspect_gets_the_full_timeout_until_its_channel_has_learned_a_cost():
+    """A slow model's first batch must not be judged by an unlearned estimate of zero."""
+    e = engine()
+    for payload in ("a", "b"):
+        e.submit(job(payload), 0)
+    e.step(0)
+    e.lost(0, MS)                          # a crash: both rerun alone
+    e.device_up(0)
+    [d], _ = e.step(2 * MS)
+    assert len(d.batch.items) == 1
+    timeout = 5_000 * MS
+    assert e.overdue(2 * MS + 2 * 10**9, timeout) == []
+    assert e.overdue(2 * MS + timeout + 1, timeout) == [(0, timeout)]

@@ -33,7 +33,7 @@ def fingerprint(pending: Pending) -> bytes:
     request = pending.request
     h = hashlib.blake2b(request.model.encode(), digest_size=16)
     if request.text is not None:
-        h.update(b"t" + request.text.encode())
+        h.update(b"t" + request.text.encode("utf-8", "surrogatepass"))   # (a lone surrogate from the HTTP door)
     elif request.tensor is not None:
         h.update(b"a" + msgspec.msgpack.encode(request.tensor) + bytes(pending.frames[request.tensor.frame]))
     else:
@@ -54,6 +54,20 @@ def encode_batch(batch: Batch) -> list[Any]:
         else:
             items.append(P.BatchItem(text=request.text, value=request.value, tokens=item.tokens))
     return [P.encoder.encode(P.BatchMsg(batch.id, batch.model, items)), *frames]
+
+
+def unencodable(batch: Batch) -> dict[int, str]:
+    """The items of a batch that `encode_batch` failed on which cannot be encoded even alone
+    (index -> the error's name), e.g. a text with a lone surrogate, which JSON can carry and
+    UTF-8 cannot. Empty: each item encodes alone, so the fault is not any one input's."""
+    bad = {}
+    for i, item in enumerate(batch.items):
+        try:
+            encode_batch(Batch(batch.id, batch.channel, batch.model, [item], batch.formed_ns, 1))
+        except Exception as exc:   # (its reason, not its text: the input stays out of the message)
+            reason = getattr(exc, "reason", "")
+            bad[i] = f"{type(exc).__name__}: {reason}" if isinstance(reason, str) and reason else type(exc).__name__
+    return bad
 
 
 def decode_outcome(result: P.BatchResult, frames: list[bytes], n: int) -> Outcome:

@@ -6,10 +6,12 @@ to which device; the pool sends it, hands results back (`on_result`), and
 reports a worker that died (`on_lost`), came up (`on_ready`) or was given up
 (`on_gone`).
 
-Restarts are budgeted in time: a device is given up only after
-`restart_limit` unexplained deaths within RESTART_WINDOW_S, and the back-off
-before a restart (0.25 s, doubling, at most 30 s) follows the same recent
-count, so both reset after healthy service. A death the engine explains (a
+Restarts are budgeted in time (`RestartBudget`): a device is given up only
+after more than `restart_limit` unexplained deaths within RESTART_WINDOW_S,
+and the back-off before a restart (0.25 s, doubling, at most 30 s) follows
+the same recent count, so both reset after healthy service. A given-up device
+is probed (its worker started again) after `probe_after_s`, then ever more
+rarely while probes die, and serves again as soon as one comes up. A death the engine explains (a
 poison input proven by dying twice, alone the second time) costs nothing.
 """
 
@@ -21,7 +23,7 @@ import os
 import sys
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import zmq
 
@@ -32,33 +34,54 @@ log = logging.getLogger(__name__)
 
 RESTART_WINDOW_S = 600.0     # deaths older than this no longer count against the budget
 MAX_BACKOFF_S = 30.0
+PROBE_MAX_S = 600.0          # the longest cool-down between probes of a given-up device
+
+
+class Restart(NamedTuple):
+    delay_s: float       # wait this long, then start the worker again
+    given_up: bool       # the device is out of service meanwhile (the worker started then is a probe)
 
 
 class RestartBudget:
-    """How long to wait before restarting a worker that died, or None: give the device up.
+    """When to start a dead worker again, and whether its device is given up meanwhile: a
+    circuit breaker, pure logic on the caller's clock (seconds).
 
-    Only deaths within the last `window_s` count, for the limit and for the
-    back-off alike, so both reset after healthy service. An explained death
-    (a proven poison input) refunds the death that proved it and costs nothing.
+    Closed: a death restarts the worker after a back-off (0.25 s, doubling, at most 30 s) that
+    follows the deaths of the last `window_s`. More than `limit` of them open it: the device is
+    given up and, after a cool-down (`probe_s`), probed: its worker is started again, and serves
+    once it is up. The device stays on probation until that worker has lived `window_s`: a death
+    meanwhile gives it up again and doubles the cool-down (at most PROBE_MAX_S, or `probe_s`
+    when longer); after it the breaker is closed and the next give-up waits `probe_s` again. So
+    a device that recovers comes back on its own, and one that does not is tried ever more
+    rarely. An explained death (a proven poison input) refunds the death that proved it and
+    costs nothing.
     """
 
-    def __init__(self, limit: int, window_s: float = RESTART_WINDOW_S):
+    def __init__(self, limit: int, window_s: float = RESTART_WINDOW_S, probe_s: float = 30.0):
         self.limit = limit
         self.window_s = window_s
+        self.probe_s = probe_s
+        self.cooldown_s = 0.0       # the last cool-down while on probation; 0: closed
+        self.probed_s = 0.0         # when the last probe started
         self.deaths: deque[float] = deque()
 
-    def died(self, now_s: float, explained: bool = False) -> float | None:
+    def died(self, now_s: float, explained: bool = False) -> Restart:
         deaths = self.deaths
         while deaths and now_s - deaths[0] > self.window_s:
             deaths.popleft()
         if explained:
             if deaths:
                 deaths.pop()
-            return 0.0
+            return Restart(0.0, False)
+        if self.cooldown_s and now_s - self.probed_s >= self.window_s:
+            self.cooldown_s = 0.0   # the probe served a whole window: closed again
         deaths.append(now_s)
-        if len(deaths) > self.limit:
-            return None
-        return min(MAX_BACKOFF_S, 0.25 * 2 ** (len(deaths) - 1))
+        if not self.cooldown_s and len(deaths) <= self.limit:
+            return Restart(min(MAX_BACKOFF_S, 0.25 * 2 ** (len(deaths) - 1)), False)
+        cap = max(self.probe_s, PROBE_MAX_S)
+        self.cooldown_s = min(cap, self.cooldown_s * 2) if self.cooldown_s else self.probe_s
+        self.probed_s = now_s + self.cooldown_s
+        return Restart(self.cooldown_s, True)
 
 
 @dataclass
@@ -99,7 +122,7 @@ def detect_devices(use: str | list[str]) -> list[str]:
 
 class DevicePool:
     def __init__(self, ctx: zmq.Context, devices: list[str], models: list[P.ModelSpec], *,
-                 cpu_threads: int, ipc_dir: str, restart_limit: int,
+                 cpu_threads: int, ipc_dir: str, restart_limit: int, probe_after_s: float = 30.0,
                  on_result: Callable[[int, P.BatchResult, list[bytes]], None],
                  on_lost: Callable[[int], bool], on_ready: Callable[[int], None], on_gone: Callable[[int], None],
                  on_read_done: Callable[[], None] = lambda: None, log_level: str = "info"):
@@ -114,7 +137,8 @@ class DevicePool:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.bind(self.endpoint)
         self.io = LoopSocket(sock, self._on_messages)
-        self.workers = [Worker(i, f"w{i}-{d}", d, budget=RestartBudget(restart_limit)) for i, d in enumerate(devices)]
+        self.workers = [Worker(i, f"w{i}-{d}", d, budget=RestartBudget(restart_limit, probe_s=probe_after_s))
+                        for i, d in enumerate(devices)]
         self._by_name = {w.name.encode(): w for w in self.workers}
         self._ready = asyncio.Event()
         self._closing = False
@@ -154,16 +178,17 @@ class DevicePool:
         if not self._ready.is_set() and worker.failure:
             self._ready.set()
             return
-        delay = worker.budget.died(asyncio.get_running_loop().time(), explained)
-        if delay is None:
+        restart = worker.budget.died(asyncio.get_running_loop().time(), explained)
+        if restart.given_up:
             worker.state = "failed"
-            log.error("worker %s died %d times in %g s; giving up on device %s", worker.name,
-                      len(worker.budget.deaths), worker.budget.window_s, worker.device)
+            log.error("worker %s died %d times in %g s; giving up on device %s, probing it again in %g s",
+                      worker.name, len(worker.budget.deaths), worker.budget.window_s, worker.device, restart.delay_s)
             self.on_gone(worker.index)
-            return
         worker.restarts += 1
-        await asyncio.sleep(delay)
+        await asyncio.sleep(restart.delay_s)
         if not self._closing:
+            if restart.given_up:
+                log.info("probing device %s: starting worker %s again", worker.device, worker.name)
             await self._spawn(worker)
 
     async def stop(self, timeout_s: float = 10.0) -> None:
@@ -217,7 +242,7 @@ class DevicePool:
                 setup = P.Setup(worker.device, self.models, self.cpu_threads)
                 self.io.send([frames[0], P.encoder.encode(setup)])
             elif isinstance(msg, P.Ready):
-                worker.state = "ready"
+                worker.state, worker.failure = "ready", ""
                 worker.simulated = bool(msg.simulated)
                 log.info("worker %s ready on %s (pid %d): %s", worker.name, msg.device, msg.pid, ", ".join(msg.models))
                 self._check_all_ready()

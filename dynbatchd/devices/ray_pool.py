@@ -13,10 +13,10 @@ Ray is an optional extra: nothing here imports it before a pool is built, and
 without it building one fails with a message saying what to install. Actors
 are placed by Ray resource requests (`num_gpus=1` per GPU actor) and are
 never restarted by Ray itself (`max_restarts=0`): the pool replaces them,
-under the same `RestartBudget` as local workers. A dead actor is noticed by
-the calls in flight on it, and, idle, by a `watch` call that never returns
-while it lives (in its own concurrency group, so batches still run one at a
-time).
+under the same `RestartBudget` as local workers (a given-up device is probed
+again like a local one). A dead actor is noticed by the calls in flight on
+it, and, idle, by a `watch` call that never returns while it lives (in its
+own concurrency group, so batches still run one at a time).
 """
 
 from __future__ import annotations
@@ -114,7 +114,8 @@ class RayDevicePool:
     """`DevicePool`'s interface over Ray actors (see the module docstring)."""
 
     def __init__(self, ctx: Any, devices: list[str], models: list[P.ModelSpec], *, cpu_threads: int, ipc_dir: str,
-                 restart_limit: int, on_result: Callable[[int, P.BatchResult, list[bytes]], None],
+                 restart_limit: int, probe_after_s: float = 30.0,
+                 on_result: Callable[[int, P.BatchResult, list[bytes]], None],
                  on_lost: Callable[[int], bool], on_ready: Callable[[int], None], on_gone: Callable[[int], None],
                  on_read_done: Callable[[], None] = lambda: None, log_level: str = "info", ray: Any = None):
         self.ray = import_ray()
@@ -125,7 +126,7 @@ class RayDevicePool:
         self.on_read_done = on_read_done   # after each result (Ray delivers them one at a time)
         self.log_level = log_level
         target = "cuda:0" if ray.gpus else "cpu"   # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES
-        self.workers = [RayDevice(i, name, target, budget=RestartBudget(restart_limit))
+        self.workers = [RayDevice(i, name, target, budget=RestartBudget(restart_limit, probe_s=probe_after_s))
                         for i, name in enumerate(devices)]
         self._calls: dict[int, set[asyncio.Task]] = {w.index: set() for w in self.workers}
         self._ready = asyncio.Event()
@@ -276,15 +277,14 @@ class RayDevicePool:
         except Exception:
             pass
         explained = self.on_lost(worker.index)
-        delay = worker.budget.died(asyncio.get_running_loop().time(), explained)
-        if delay is None:
+        restart = worker.budget.died(asyncio.get_running_loop().time(), explained)
+        if restart.given_up:
             worker.state = "failed"
-            log.error("ray device %s died %d times in %g s; giving it up", worker.name,
-                      len(worker.budget.deaths), worker.budget.window_s)
+            log.error("ray device %s died %d times in %g s; giving it up, probing it again in %g s", worker.name,
+                      len(worker.budget.deaths), worker.budget.window_s, restart.delay_s)
             self.on_gone(worker.index)
-            return
         worker.restarts += 1
-        await asyncio.sleep(delay)
+        await asyncio.sleep(restart.delay_s)
         if not self._closing:
             self._spawn(worker)
 
