@@ -242,15 +242,41 @@ def test_slo_closes_at_once_when_idle_and_waiting_does_not_pay():
 
 def test_slo_waits_when_a_fast_stream_meets_a_large_fixed_cost():
     p = SloWindow.factory("c", SETTINGS, {})
-    last = stream(p, MS // 2, 2 * SECONDS)                               # 2000 requests/s
+    last = stream(p, 2 * MS, 2 * SECONDS)                                # 500 requests/s, far from saturation
     rate = p.rate_per_ns(last)
-    assert rate * 1e9 == pytest.approx(2000, rel=0.01)
+    assert rate * 1e9 == pytest.approx(500, rel=0.01)
     window = p.window_ns(last, lane(queued=1, opened_ns=last, cost=device_cost()))
-    expected = (8 * MS - 1 * (0.5 * MS + 1 / rate)) / 2                  # w* = (a − q·(p + 1/λ)) / 2 ≈ 3.5 ms
+    expected = (8 * MS - 1 * (0.5 * MS + 1 / rate)) / 2                  # w* = (a − q·(p + 1/λ)) / 2 ≈ 2.75 ms
     assert window == pytest.approx(expected, abs=2)
-    assert expected == pytest.approx(3.5 * MS, rel=0.02)
-    # The same stream with 9 already queued: 9·(0.5 + 0.5) > 8 ms, so go now.
-    assert p.window_ns(last, lane(queued=9, opened_ns=last - 3 * MS, cost=device_cost())) == 0
+    assert expected == pytest.approx(2.75 * MS, rel=0.02)
+    # The same stream with 4 already queued: 4·(0.5 + 2) > 8 ms, so go now.
+    assert p.window_ns(last, lane(queued=4, opened_ns=last - 3 * MS, cost=device_cost())) == 0
+
+
+def test_slo_near_saturation_gathers_the_batch_the_device_keeps_up_with():
+    # 1,100 requests/s on a device of 8 ms + 0.5 ms a request (full batches of 32 serve 1,333/s):
+    # batches of 9 (what latency alone would send once 9 wait) keep it busy 100% of the time;
+    # the batch that keeps it 85% busy is 1.1·8 / (0.85 − 1.1·0.5) = 29.3, so 30.
+    p = SloWindow.factory("c", SETTINGS, {})
+    gap = round(SECONDS / 1100)
+    last = stream(p, gap, 2 * SECONDS)
+    rate = p.rate_per_ns(last)
+    assert p.keeping_up_batch(rate, 8 * MS, 0.5 * MS, 32) == 30
+    window = p.window_ns(last, lane(queued=9, opened_ns=last - 8 * gap, cost=device_cost()))
+    assert window == pytest.approx(8 * gap + 21 / rate, rel=0.01)        # until 21 more have come
+    # A deadline that cannot wait that long still wins: it closes where the batch it expects by then
+    # (29 or so, ~23 ms) still ends 5 ms early, a little before the 21 would all have come.
+    deadline = last + 40 * MS
+    short = p.window_ns(last, lane(queued=9, opened_ns=last - 8 * gap, deadline_ns=deadline, cost=device_cost()))
+    assert 8 * gap < short < 8 * gap + 21 / rate
+    assert (last - 8 * gap) + short + device_cost().estimate_ns(30) <= deadline - 4 * MS
+
+
+def test_slo_at_light_load_still_dispatches_at_once():
+    p = SloWindow.factory("c", SETTINGS, {})
+    last = stream(p, 10 * MS, 2 * SECONDS)                               # 100 requests/s: 8% of what the device serves
+    assert p.keeping_up_batch(p.rate_per_ns(last), 8 * MS, 0.5 * MS, 32) == 0
+    assert p.window_ns(last, lane(queued=2, opened_ns=last - 10 * MS, cost=device_cost())) == 0
 
 
 def test_slo_never_waits_when_no_slot_is_free_or_the_batch_is_full():
@@ -261,7 +287,8 @@ def test_slo_never_waits_when_no_slot_is_free_or_the_batch_is_full():
 
 
 def test_slo_never_waits_past_the_earliest_deadline():
-    p = SloWindow.factory("c", SETTINGS, {"margin_ms": 2})
+    p = SloWindow.factory("c", SETTINGS, {"margin_ms": 2, "headroom": 0})   # (latency's rule alone; at 2000/s
+    # the near-saturation rule would wait for a full batch, within the same bounds)
     cost = device_cost()
     last = stream(p, MS // 2, SECONDS)
     # Deadline 12 ms away: a batch of ~1-8 takes 8.5-12 ms, plus 2 ms margin: no time to wait.

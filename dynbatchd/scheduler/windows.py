@@ -359,6 +359,14 @@ class SloWindow:
     device with a large fixed cost is gathered for a few milliseconds; under
     overload batches fill by size while the device is busy.
 
+    Near saturation (arrivals at GATHER_FROM or more of what full batches
+    serve) that rule alone would keep the device flat out on small batches,
+    each paying the fixed cost a, so that any jitter makes it fall behind and
+    refuse work. There it also waits for the batch that keeps the device
+    busy only ``headroom`` of the time (option, default 0.85; 0 turns it
+    off): n = λ·a / (headroom − λ·p), or max_batch where none does
+    (`keeping_up_batch`). The deadline and max_wait bounds below still hold.
+
     The wait is anchored at the channel's latest arrival (an expected arrival
     that does not come ends it) and never ends later than:
     - the earliest deadline − t(expected batch) − ``margin_ms`` (default 5);
@@ -371,7 +379,8 @@ class SloWindow:
     """
 
     def __init__(self, *, max_wait_ms: float, margin_ms: float = 5.0, rate_horizon_ms: float = 250.0,
-                 lead_ms: float = 1.0):
+                 lead_ms: float = 1.0, headroom: float | None = 0.85):
+        self.headroom = headroom    # None: latency alone decides, even near saturation
         self.max_wait_ns = int(max_wait_ms * MS)
         self.margin_ns = int(margin_ms * MS)
         self.horizon_ns = rate_horizon_ms * MS
@@ -382,12 +391,13 @@ class SloWindow:
 
     @classmethod
     def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "SloWindow":
-        o = Options(_where(channel), options, {"max_wait_ms", "margin_ms", "rate_horizon_ms", "lead_ms"})
+        o = Options(_where(channel), options, {"max_wait_ms", "margin_ms", "rate_horizon_ms", "lead_ms", "headroom"})
         cap = float(settings.window_ms)
+        headroom = o.num("headroom", 0.85, lo=0.0, hi=1.0)
         return cls(max_wait_ms=min(cap, o.num("max_wait_ms", cap, lo=0.0)),
                    margin_ms=o.num("margin_ms", 5.0, lo=0.0),
                    rate_horizon_ms=o.num("rate_horizon_ms", 250.0, lo=0.0, lo_open=True),
-                   lead_ms=o.num("lead_ms", 1.0, lo=0.0))
+                   lead_ms=o.num("lead_ms", 1.0, lo=0.0), headroom=headroom or None)
 
     def inherit(self, previous: "SloWindow") -> None:
         """Retuned: keep the arrival-rate estimate."""
@@ -414,6 +424,23 @@ class SloWindow:
     def mean_tokens(self) -> float:
         return self._tokens / self._weight if self._weight > 0 else 0.0
 
+    GATHER_FROM = 0.7   # the keeping-up batch applies once the arrivals are this share of what full batches serve
+
+    def keeping_up_batch(self, rate: float, base: float, per_request: float, max_batch: int) -> int:
+        """The smallest batch with which the device serves `rate` (requests per ns) busy only
+        `headroom` of the time: n with rate·(base + per_request·n)/n = headroom; `max_batch` when
+        none does; 0 (no such rule) while the rate is under GATHER_FROM of what full batches
+        serve, or with no headroom set. Near saturation, work-conserving small batches pay the fixed cost `base` so
+        often that the device runs flat out and any jitter makes it fall behind, at a rate that
+        bigger batches serve with room to spare."""
+        headroom = self.headroom
+        if headroom is None or rate * (base + per_request * max_batch) < self.GATHER_FROM * max_batch:
+            return 0   # far from saturation: latency alone decides
+        load = rate * per_request
+        if load >= headroom:
+            return max_batch
+        return min(max_batch, math.ceil(rate * base / (headroom - load)))
+
     def window_ns(self, now_ns: int, lane: LaneState) -> int:
         if lane.free_slots <= 0 or lane.queued >= lane.max_batch or lane.queued <= 0:
             return 0
@@ -425,6 +452,9 @@ class SloWindow:
         q = lane.queued
         gap = 1.0 / rate
         wait = (base - q * (per_request + gap)) / 2.0
+        target = self.keeping_up_batch(rate, base, per_request, lane.max_batch)
+        if q < target:   # near saturation: gather the batch the device keeps up with, with headroom
+            wait = max(wait, (target - q) * gap)
         wait = min(wait, (lane.max_batch - q) * gap)       # no point waiting past a full batch
         anchor = self._last_arrival if self._last_arrival is not None else now_ns
         end = anchor + int(wait) if wait > 0 else now_ns
