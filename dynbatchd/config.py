@@ -31,7 +31,7 @@ CONFIG_ENV = "DYNBATCHD_CONFIG"
 CONTROL_SOCKET = "control.sock"
 # The runtime directory systemd makes for dynbatchd.service (RuntimeDirectory=dynbatchd).
 SYSTEM_RUNTIME_DIR = "/run/dynbatchd"
-# Where the daemon's CURVE keys live: server.key_secret, server.key and clients/*.key.
+# Where the daemon's CURVE keys live: server.key_secret, server.key, clients/*.key, admins/*.key.
 DEFAULT_KEYS_DIR = "/etc/dynbatchd/keys"
 # The state directory systemd makes for dynbatchd.service (StateDirectory=dynbatchd).
 SYSTEM_STATE_DIR = "/var/lib/dynbatchd"
@@ -387,15 +387,21 @@ def _check_references(cfg: Config) -> None:
         raise ConfigError(src, "daemon.control",
                           f"{control!r} is an abstract socket, which has no file permissions: any local "
                           "user could retune or stop the daemon; use an ipc:// path")
-    if not cfg.daemon.curve and not is_private_endpoint(control):
+    if not cfg.daemon.curve and control.startswith("tcp://"):
         raise ConfigError(src, "daemon.control",
-                          f"{control!r} is not a loopback address and CURVE is off: without "
-                          "authentication the control socket must be tcp://127.0.0.1:PORT, tcp://[::1]:PORT, "
-                          "tcp://localhost:PORT or an ipc:// path (or set daemon.curve = true)")
+                          f"{control!r} is tcp:// and CURVE is off: without authentication any user who can "
+                          "connect (on loopback: any local user) could read the configuration or retune and "
+                          "stop the daemon; use an ipc:// path, which its file permissions guard (or set "
+                          "daemon.curve = true)")
     if not cfg.daemon.keys_dir:
         raise ConfigError(src, "daemon.keys_dir", "must name a directory")
     if cfg.http.listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.http.listen):
         raise ConfigError(src, "http.listen", f"{cfg.http.listen!r} is not HOST:PORT")
+    if cfg.daemon.curve and cfg.http.listen and not is_loopback_host(cfg.http.listen.rpartition(":")[0]):
+        raise ConfigError(src, "http.listen",
+                          f"{cfg.http.listen!r} is not a loopback address and daemon.curve is on: the HTTP "
+                          "door has no CURVE, so it would serve clients whose keys the daemon refuses; listen "
+                          "on 127.0.0.1 (behind a proxy that authenticates) or leave http.listen empty")
     if cfg.daemon.metrics_listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.daemon.metrics_listen):
         raise ConfigError(src, "daemon.metrics_listen", f"{cfg.daemon.metrics_listen!r} is not HOST:PORT")
     if cfg.devices.ray is not None:
@@ -422,19 +428,9 @@ def _check_references(cfg: Config) -> None:
                                   f"{dev!r} is not one of the devices in devices.use ({', '.join(use)})")
 
 
-def is_private_endpoint(endpoint: str) -> bool:
-    """True for ipc:// (not abstract, ``ipc://@NAME``) and inproc:// endpoints and for tcp:// on
-    a loopback address only.
-
-    A wildcard (`tcp://*:5556`), an interface name or any other address is not:
-    whoever can reach it could retune and stop the daemon.
-    """
-    if endpoint.startswith("ipc://@"):
-        return False
-    if not endpoint.startswith("tcp://"):
-        return True
-    host = endpoint[len("tcp://"):].rpartition(":")[0]
-    host = host.rpartition(";")[2]          # tcp://SOURCE;HOST:PORT binds HOST
+def is_loopback_host(host: str) -> bool:
+    """True for a loopback host of HOST:PORT (``127.*``, ``[::1]``, ``localhost``); a wildcard
+    (``*``, ``0.0.0.0``, empty), an interface name or any other address is not."""
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if host == "localhost":
@@ -513,10 +509,12 @@ def to_dict(cfg: Config) -> dict[str, Any]:
 # pyzmq's certificate format (what zmq.auth.load_certificate reads and zmq.auth's
 # configure_curve looks for): NAME.key holds a public key, NAME.key_secret the pair.
 # The daemon's own pair is KEYS_DIR/server.key_secret (server.key is the half its clients
-# need); the client keys it admits are the KEYS_DIR/clients/*.key files.
+# need); the keys it admits are the KEYS_DIR/clients/*.key files (requests and reading the
+# daemon's state) and the KEYS_DIR/admins/*.key files (all that, and changing or stopping it).
 
 SERVER_KEY_NAME = "server"
 CLIENTS_DIR = "clients"
+ADMINS_DIR = "admins"
 _KEY_NAME_RE = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9_.\-]*$")
 
 
@@ -534,6 +532,16 @@ def server_public_key_file(daemon: DaemonSettings) -> Path:
 
 def client_keys_dir(daemon: DaemonSettings) -> Path:
     return Path(daemon.keys_dir) / CLIENTS_DIR
+
+
+def admin_keys_dir(daemon: DaemonSettings) -> Path:
+    return Path(daemon.keys_dir) / ADMINS_DIR
+
+
+def writable_by_others(directory: str | os.PathLike) -> bool:
+    """Its group or other users may write `directory` (OSError if it cannot be looked at):
+    whoever can write a keys directory can admit a key of their own."""
+    return bool(os.stat(directory).st_mode & 0o022)
 
 
 def curve_endpoints(daemon: DaemonSettings) -> list[str]:
@@ -629,6 +637,7 @@ def write_keypair(directory: str | os.PathLike, name: str, *, force: bool = Fals
                             "#   DO NOT GIVE THIS FILE TO ANYONE; keep it mode 0600.\n\nmetadata\n"
                             + curve + f'    secret-key = "{secret}"\n', 0o600, force)
     _write_new(public_file, "#   ZeroMQ CURVE Public Certificate, written by dynbatchctl keygen.\n"
-                            "#   Give it to the other side: a client's goes into the daemon's keys_dir/clients/,\n"
+                            "#   Give it to the other side: a client's goes into the daemon's keys_dir/clients/\n"
+                            "#   (an admin's into keys_dir/admins/),\n"
                             "#   the daemon's server.key to its clients.\n\nmetadata\n" + curve, 0o644, force)
     return public_file, secret_file, public

@@ -51,7 +51,7 @@ async def bind(daemon: "Daemon", ctx: zmq.Context) -> Any:
             metrics.close()
         for part in (daemon.front, daemon.control):
             if part is not None:
-                part.io.sock.close(linger=0)
+                part.close(linger=0)
         if curve is not None:
             curve.close()
         if isinstance(exc, KeyFileError):

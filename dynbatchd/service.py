@@ -149,10 +149,12 @@ class Daemon(Operations):
             await door.stop()
         if self.pool:
             await self.pool.stop()
+        if self.front is not None:   # what came in the last moment is answered shutting_down, not dropped
+            self.front.io.stop()
+            self.front.io.flush()
         for part in (self.front, self.control):
             if part is not None:
-                part.io.stop()
-                part.io.sock.close(linger=2000)
+                part.close(linger=2000)   # the replies still go out; an ipc:// socket's file goes
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
     # -- admission ----------------------------------------------------------

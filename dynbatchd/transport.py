@@ -5,10 +5,11 @@ structs and hands them on, and it sends replies back by ZeroMQ identity. A
 malformed message is answered with ``bad_request`` here and goes no further.
 
 Security lives here too: `CurveServer` puts CURVE on the daemon's tcp:// sockets
-and admits only the client keys in its keys directory (a ZAP handler); a client
-refused in the handshake never reaches a handler and is counted
-(``unauthenticated``). `bind` keeps an ipc:// socket's file to its owner and
-group, and never takes over one a live daemon holds. Nothing here logs a request's content: a log line names sizes, codes and
+and admits only the client and admin keys in its keys directory (a ZAP handler,
+which tells each message's key name and role); a client refused in the
+handshake never reaches a handler and is counted (``unauthenticated``). `bind`
+keeps an ipc:// socket's file to its owner and group, and never takes over one
+a live daemon holds; `remove_ipc_file` takes it away when the socket closes. Nothing here logs a request's content: a log line names sizes, codes and
 endpoints only.
 """
 
@@ -38,10 +39,15 @@ _MORE = int(zmq.SNDMORE | zmq.NOBLOCK)
 _EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 
 
+ADMIN, CLIENT = "admin", "client"   # the roles of CURVE keys: keys_dir/admins/, keys_dir/clients/
+ROLE_PROPERTY = "Role"              # the ZAP metadata property that carries a peer's role
+
+
 class Message(list):
     """One multipart message's frames, and who sent it: the ZAP User-Id of a CURVE peer (the name
-    of its key file in the clients directory), None where the socket authenticates no one."""
-    __slots__ = ("user_id",)
+    of its key file), None where the socket authenticates no one; with `roles`, its role too
+    (ADMIN or CLIENT; None without CURVE)."""
+    __slots__ = ("user_id", "role")
 
 
 class LoopSocket:
@@ -50,14 +56,15 @@ class LoopSocket:
     ZeroMQ's file descriptor is edge-triggered and is also consumed by sends,
     so the socket is drained until empty on every wake-up and re-checked
     after every send burst (`kick`). With `user_ids`, each message comes as a
-    `Message` carrying its sender's authenticated identity.
+    `Message` carrying its sender's authenticated identity (and with `roles`, its role).
     """
 
     def __init__(self, sock: zmq.Socket, on_messages: Callable[[list[list[bytes]]], None], *,
-                 user_ids: bool = False):
+                 user_ids: bool = False, roles: bool = False):
         self.sock = sock
         self.on_messages = on_messages   # called with every multipart message read in one pass
-        self.user_ids = user_ids
+        self.user_ids = user_ids or roles
+        self.roles = roles
         self.undeliverable = 0           # replies ZeroMQ refused: peer gone, or its queue full
         self._loop: asyncio.AbstractEventLoop | None = None
         self._kicked = False
@@ -76,6 +83,24 @@ class LoopSocket:
     def drain_now(self) -> None:
         """Handle whatever is already queued on the socket, now."""
         self._drain()
+
+    def flush(self) -> None:
+        """Hand on every message still queued, started or not: at shutdown, so that each one is
+        answered (the daemon says ``shutting_down``) instead of dropped with the socket."""
+        while True:
+            batch = []
+            try:
+                while len(batch) < DRAIN_LIMIT:
+                    batch.append(self._recv_message())
+            except zmq.Again:
+                pass
+            if batch:
+                try:
+                    self.on_messages(batch)
+                except Exception:
+                    log.exception("internal error handling messages at close")
+            if len(batch) < DRAIN_LIMIT:
+                return
 
     def _drain(self) -> None:
         self._kicked = False
@@ -111,6 +136,18 @@ class LoopSocket:
         if len(batch) >= DRAIN_LIMIT:
             self.kick()
 
+    def _recv_message(self) -> list[bytes]:
+        """One whole multipart message (zmq.Again if none is queued); `_drain` inlines this."""
+        if self.user_ids:
+            frames, frame = self._recv_with_user_id()
+        else:
+            frame = self.sock.recv(_NOBLOCK, copy=False)
+            frames = [frame.bytes]
+        while frame.more:
+            frame = self.sock.recv(_NOBLOCK, copy=False)
+            frames.append(frame.bytes)
+        return frames
+
     def _recv_with_user_id(self) -> tuple[Message, zmq.Frame]:
         first = self.sock.recv(_NOBLOCK, copy=False)
         message = Message([first.bytes])
@@ -118,6 +155,12 @@ class LoopSocket:
             message.user_id = first.get("User-Id")
         except zmq.ZMQError:   # no metadata: nobody authenticated this peer
             message.user_id = None
+        message.role = None
+        if self.roles and message.user_id is not None:
+            try:
+                message.role = first.get(ROLE_PROPERTY)
+            except zmq.ZMQError:   # a libzmq without ZAP metadata: no role, so no admin
+                pass
         return message, first
 
     def kick(self) -> None:
@@ -171,51 +214,65 @@ _WHY_PROTOCOL = {
 
 
 class _Authenticator(AsyncioAuthenticator):
-    """pyzmq's ZAP handler on the daemon's loop, admitting the client keys of one directory.
+    """pyzmq's ZAP handler on the daemon's loop, admitting the keys of the clients and admins
+    directories; each admitted peer's messages carry its key's name (User-Id) and role (the ZAP
+    metadata property ``Role``: ADMIN for a key in the admins directory, else CLIENT).
 
-    The directory is read again (``configure_curve``) when a file in it was added,
-    removed or changed since the last handshake, so a key is granted or revoked
-    without a restart (for new connections: a connected client stays connected).
-    Each refusal is logged with the peer's address and public key (never a secret).
+    The directories are read again when a file in them was added, removed or changed since the
+    last handshake, so a key is granted or revoked without a restart (for new connections: a
+    connected client stays connected). A directory its group or others may write admits no one
+    (whoever can write there could admit a key of their own). Each refusal is logged with the
+    peer's address and public key (never a secret).
     """
 
-    def __init__(self, ctx: zmq.Context, domain: str, clients_dir: Path):
+    def __init__(self, ctx: zmq.Context, domain: str, clients_dir: Path, admins_dir: Path | None = None):
         super().__init__(ctx, log=logging.getLogger("dynbatchd.auth"))
-        self.domain, self.clients_dir = domain, clients_dir
+        self.domain, self.clients_dir, self.admins_dir = domain, clients_dir, admins_dir
+        self.dirs = [d for d in (clients_dir, admins_dir) if d is not None]   # admins last: their role wins
         self.key_names: dict[bytes, str] = {}   # z85 public key -> its file's name (without .key)
+        self.admins: set[bytes] = set()         # z85 public keys of the admins directory
         self._seen: Any = None
         self._peer = "?"
+        self._role: str | None = None           # of the handshake being answered
         self._refusals = _Throttle(log)
 
     def _signature(self) -> Any:
-        try:
-            return sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
-                          for e in os.scandir(self.clients_dir) if e.name.endswith(".key"))
-        except OSError as exc:
-            return exc.errno
+        def listing(directory: Path) -> Any:
+            try:
+                return (os.stat(directory).st_mode, sorted((e.name, e.stat().st_mtime_ns, e.stat().st_size)
+                                                           for e in os.scandir(directory) if e.name.endswith(".key")))
+            except OSError as exc:
+                return exc.errno
+        return [listing(d) for d in self.dirs]
 
     def reload_if_changed(self) -> None:
         signature = self._signature()
         if signature == self._seen:
             return
         self._seen = signature
-        self.certs.pop(self.domain, None)   # a directory that cannot be read admits no one, not the old keys
-        self.configure_curve(domain=self.domain, location=str(self.clients_dir))
-        if self.domain not in self.certs:   # pyzmq gave up on the whole directory: take the good files
-            admitted = {}
-            for key_file in sorted(self.clients_dir.glob("*.key")) if self.clients_dir.is_dir() else ():
-                try:
-                    admitted[cfgmod.read_key_file(key_file)[0]] = True
-                except cfgmod.KeyFileError as exc:
-                    log.warning("CURVE: client key skipped: %s", exc)
-            self.certs[self.domain] = admitted
-        self.key_names = {}
-        for key_file in sorted(self.clients_dir.glob("*.key")) if self.clients_dir.is_dir() else ():
+        names: dict[bytes, str] = {}
+        admins: set[bytes] = set()
+        for directory in self.dirs:   # one that cannot be read admits no one, not its old keys
             try:
-                self.key_names[cfgmod.read_key_file(key_file)[0]] = key_file.stem
-            except cfgmod.KeyFileError:
-                pass
-        log.info("CURVE: %d client keys admitted from %s", len(self.certs[self.domain]), self.clients_dir)
+                if cfgmod.writable_by_others(directory):
+                    log.warning("CURVE: no key of %s admitted: its group or others may write it (chmod go-w)",
+                                directory)
+                    continue
+            except OSError:
+                continue
+            for key_file in sorted(directory.glob("*.key")):
+                try:
+                    public = cfgmod.read_key_file(key_file)[0]
+                except cfgmod.KeyFileError as exc:
+                    log.warning("CURVE: key skipped: %s", exc)
+                    continue
+                names[public] = key_file.stem
+                if directory == self.admins_dir:
+                    admins.add(public)
+        self.certs[self.domain] = dict.fromkeys(names, True)
+        self.key_names, self.admins = names, admins
+        log.info("CURVE: %d client keys admitted from %s%s", len(names) - len(admins), self.clients_dir,
+                 f", {len(admins)} admin keys from {self.admins_dir}" if self.admins_dir else "")
 
     def curve_user_id(self, client_public_key: bytes) -> str:
         """The User-Id each message of this peer carries: its key file's name (what
@@ -227,22 +284,39 @@ class _Authenticator(AsyncioAuthenticator):
 
     async def handle_zap_message(self, msg: list[bytes]) -> None:
         self._peer = msg[3].decode("utf-8", "replace") if len(msg) > 3 else "?"
+        self._role = None
         await super().handle_zap_message(msg)
 
     async def _authenticate_curve(self, domain: str, client_key: bytes) -> tuple[bool, bytes]:
+        from zmq.utils import z85
+
         self.reload_if_changed()
         allowed, reason = await super()._authenticate_curve(domain, client_key)
-        if not allowed:
-            from zmq.utils import z85
-
+        public = z85.encode(client_key)
+        if allowed:
+            self._role = ADMIN if public in self.admins else CLIENT
+        else:
             self._refusals.warning("refused a client from %s: CURVE key %s is not in %s", self._peer,
-                                   z85.encode(client_key).decode("ascii"), self.clients_dir)
+                                   public.decode("ascii"), " or ".join(map(str, self.dirs)))
         return allowed, reason
+
+    def _send_zap_reply(self, request_id: bytes, status_code: bytes, status_text: bytes,
+                        user_id: str = "anonymous") -> None:
+        """pyzmq's reply, plus the peer's role as ZAP metadata: libzmq hands it on with every
+        message of the connection (``zmq_msg_gets(msg, "Role")``)."""
+        if status_code != b"200" or self._role is None:
+            return super()._send_zap_reply(request_id, status_code, status_text, user_id)
+        name, role = ROLE_PROPERTY.encode(), self._role.encode()
+        metadata = bytes([len(name)]) + name + len(role).to_bytes(4, "big") + role
+        self.zap_socket.send_multipart([b"1.0", request_id, status_code, status_text,
+                                        user_id if isinstance(user_id, bytes) else user_id.encode(), metadata])
 
 
 class CurveServer:
     """CURVE for the daemon's tcp:// sockets: its key pair, and a ZAP handler that admits only
-    the public keys in the clients directory (``[daemon] keys_dir``/clients/*.key).
+    the public keys in the clients and admins directories (``[daemon] keys_dir``/clients/*.key,
+    ``keys_dir``/admins/*.key; only an admin may change or stop the daemon, see
+    `dynbatchd.control.commands.needs_admin`).
 
     Make it on the running event loop, before the sockets it secures bind. A socket it
     secures (`secure`) requires ZAP (``ZMQ_ZAP_ENFORCE_DOMAIN``): were the handler ever
@@ -253,10 +327,11 @@ class CurveServer:
 
     DOMAIN = "dynbatchd"
 
-    def __init__(self, ctx: zmq.Context, secret_key_file: str | os.PathLike, clients_dir: str | os.PathLike):
+    def __init__(self, ctx: zmq.Context, secret_key_file: str | os.PathLike, clients_dir: str | os.PathLike,
+                 admins_dir: str | os.PathLike | None = None):
         self.public, self.secret = cfgmod.read_key_file(secret_key_file, secret=True)
         self.clients_dir = Path(clients_dir)
-        self._auth = _Authenticator(ctx, self.DOMAIN, self.clients_dir)
+        self._auth = _Authenticator(ctx, self.DOMAIN, self.clients_dir, admins_dir and Path(admins_dir))
         self._auth.start()
         self._auth.reload_if_changed()
         self._monitors: list[LoopSocket] = []
@@ -267,7 +342,8 @@ class CurveServer:
         or only ipc:// addresses)."""
         if not cfgmod.curve_endpoints(daemon):
             return None
-        return cls(ctx, cfgmod.server_secret_key_file(daemon), cfgmod.client_keys_dir(daemon))
+        return cls(ctx, cfgmod.server_secret_key_file(daemon), cfgmod.client_keys_dir(daemon),
+                   cfgmod.admin_keys_dir(daemon))
 
     def secure(self, sock: zmq.Socket, endpoint: str, on_refused: Callable[[], None]) -> bool:
         """Make `sock` a CURVE server if `endpoint` is tcp:// (call before bind); `on_refused()`
@@ -371,6 +447,31 @@ def bind(sock: zmq.Socket, endpoint: str, *, mode: int | None = None) -> None:
             log.warning("cannot give %s to group %d: %s", path, os.getegid(), exc.strerror)
 
 
+def ipc_file_of(endpoint: str) -> tuple[str, int, int] | None:
+    """(path, device, inode) of the file of a bound ipc:// endpoint, or None (not a file)."""
+    if not endpoint.startswith("ipc://") or _ipc_path(endpoint).startswith("@"):
+        return None
+    try:
+        info = os.stat(_ipc_path(endpoint))
+    except OSError:
+        return None
+    return _ipc_path(endpoint), info.st_dev, info.st_ino
+
+
+def remove_ipc_file(bound: tuple[str, int, int] | None) -> None:
+    """Remove the socket file `ipc_file_of` saw at bind (libzmq leaves it behind at close), unless
+    it is another one by now (a daemon started since): a clean stop leaves no stale socket."""
+    if bound is None:
+        return
+    path, device, inode = bound
+    try:
+        info = os.stat(path)
+        if (info.st_dev, info.st_ino) == (device, inode):
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
     """ROUTER frames -> (envelope, body). REQ clients put an empty delimiter after their identity."""
     if len(frames) >= 2 and frames[1] == b"":
@@ -402,6 +503,7 @@ class FrontEnd:
             sock.close(linger=0)
             raise
         self.endpoint = endpoint
+        self.bound_file = ipc_file_of(endpoint)
         self.max_request_bytes = max_request_bytes
         self.handler = handler
         self.io = LoopSocket(sock, self._on_messages, user_ids=self.curve)
@@ -411,6 +513,13 @@ class FrontEnd:
 
     def _refused(self) -> None:
         self.unauthenticated += 1
+
+    def close(self, linger: int = 0) -> None:
+        """Stop reading, close the socket (replies sent still go out for `linger` ms) and remove
+        its ipc:// file. What is still queued is dropped: `io.flush()` first answers it."""
+        self.io.stop()
+        self.io.sock.close(linger=linger)
+        remove_ipc_file(self.bound_file)
 
     def _on_messages(self, batch: list[list[bytes]]) -> None:
         curve = self.curve   # (then each message is a Message carrying its sender's key name)

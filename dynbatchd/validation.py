@@ -9,6 +9,9 @@ Nothing here builds a runner, so no model library (torch) is imported. With
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
+
 from dynbatchd import config as cfgmod
 from dynbatchd.config import Config, ConfigError
 from dynbatchd.plugins import Plugins
@@ -60,9 +63,11 @@ def check_runner_options(source: str, model: str, runner: type, options: dict) -
 def check_curve(config: Config) -> None:
     """With curve on: the key files the daemon will need for its tcp:// sockets, readable and valid.
 
-    The server's key pair (KEYS_DIR/server.key_secret, mode 0600) and the directory of
-    admitted client keys (KEYS_DIR/clients/*.key); an empty directory admits no one,
-    which is allowed (keys may be added before clients come).
+    The server's key pair (KEYS_DIR/server.key_secret, mode 0600), the directory of admitted
+    client keys (KEYS_DIR/clients/*.key) and, if present, of admin keys (KEYS_DIR/admins/*.key);
+    an empty directory admits no one, which is allowed (keys may be added before clients come).
+    Neither directory (nor KEYS_DIR) may be writable by its group or others: whoever can write
+    there could admit a key of their own.
     """
     import zmq
 
@@ -77,13 +82,24 @@ def check_curve(config: Config) -> None:
         raise ConfigError(config.source, "daemon.keys_dir",
                           f"the server key pair: {exc} (make one: dynbatchctl keygen server --dir "
                           f"{daemon.keys_dir})") from None
-    clients = cfgmod.client_keys_dir(daemon)
+    clients, admins = cfgmod.client_keys_dir(daemon), cfgmod.admin_keys_dir(daemon)
     if not clients.is_dir():
         raise ConfigError(config.source, "daemon.keys_dir",
                           f"{clients} is not a directory: it holds the public keys (NAME.key) of the "
                           "clients the daemon admits")
-    for key_file in sorted(clients.glob("*.key")):
-        try:
-            cfgmod.read_key_file(key_file)
-        except cfgmod.KeyFileError as exc:
-            raise ConfigError(config.source, "daemon.keys_dir", f"a client key: {exc}") from None
+    if admins.exists() and not admins.is_dir():
+        raise ConfigError(config.source, "daemon.keys_dir",
+                          f"{admins} is not a directory: it holds the public keys (NAME.key) of the "
+                          "admins, who may change and stop the daemon")
+    for directory in (Path(daemon.keys_dir), clients, admins):
+        if directory.is_dir() and cfgmod.writable_by_others(directory):
+            mode = stat.S_IMODE(directory.stat().st_mode)
+            raise ConfigError(config.source, "daemon.keys_dir",
+                              f"{directory} is mode {mode:04o}: its group or others may write it, so they "
+                              f"could admit a key of their own (chmod go-w {directory})")
+    for directory, whose in ((clients, "a client"), (admins, "an admin")):
+        for key_file in sorted(directory.glob("*.key")):
+            try:
+                cfgmod.read_key_file(key_file)
+            except cfgmod.KeyFileError as exc:
+                raise ConfigError(config.source, "daemon.keys_dir", f"{whose} key: {exc}") from None

@@ -202,6 +202,41 @@ def test_dynbatchctl_tune_refuses_out_of_range_values_in_one_line(monkeypatch, a
     assert calls == []
 
 
+def numeric_tune_options() -> list[tuple[str, object, object]]:
+    """(--option, min, max) of every int or float option of `dynbatchctl tune`."""
+    import typing
+
+    import typer.main
+
+    from dynbatchd.cli.tune import tune
+
+    hints = typing.get_type_hints(tune)
+    command = typer.main.get_command(ctl.app).commands["tune"]
+    return [(p.opts[0], p.min, p.max) for p in command.params
+            if p.opts[0].startswith("--") and {int, float} & {hints[p.name], *typing.get_args(hints[p.name])}]
+
+
+def test_tune_has_numeric_options_to_check():
+    assert {"--max-batch", "--window-ms", "--trials", "--canary-share", "--seed"} <= {o for o, _, _ in numeric_tune_options()}
+
+
+@pytest.mark.parametrize("option, low, high", numeric_tune_options())
+def test_every_numeric_tune_option_refuses_a_non_number_or_out_of_range_in_one_line(monkeypatch, option, low, high):
+    calls = no_daemon(monkeypatch)
+    values = ["abc", "1x"] + ([str(low - 1)] if low is not None else []) + ([str(high + 1)] if high is not None else [])
+    for value in values:
+        result = CliRunner().invoke(ctl.app, ["--control", "ipc:///nowhere", "tune", "standard", option, value])
+        assert result.exit_code == 2, (value, result.output)
+        assert result.output.count("\n") == 1 and result.output.startswith("error: "), (value, result.output)
+        assert option in result.output and "Traceback" not in result.output and "Usage" not in result.output
+    assert calls == []
+
+
+def test_other_usage_errors_are_one_line_too():
+    result = CliRunner().invoke(ctl.app, ["--control", "ipc:///nowhere", "tune", "standard", "--no-such-option"])
+    assert result.exit_code == 2 and result.output == "error: No such option: --no-such-option\n", result.output
+
+
 def test_control_call_turns_an_unencodable_argument_into_a_dynbatchd_error():
     from dynbatchd.client import DynbatchdError, control_call
 
@@ -213,16 +248,42 @@ def test_control_call_turns_an_unencodable_argument_into_a_dynbatchd_error():
 # --- the control socket -----------------------------------------------------
 
 @pytest.mark.parametrize("control", ["tcp://0.0.0.0:5556", "tcp://*:5556", "tcp://10.1.2.3:5556",
-                                     "tcp://eth0:5556", "tcp://[::]:5556"])
-def test_a_control_socket_off_loopback_is_refused(tmp_path, plugins, control):
+                                     "tcp://eth0:5556", "tcp://[::]:5556",
+                                     # loopback too: any local user could connect and read `config`
+                                     "tcp://127.0.0.1:5556", "tcp://[::1]:5556", "tcp://localhost:5556"])
+def test_a_tcp_control_socket_without_curve_is_refused(tmp_path, plugins, control):
     err = check(tmp_path, BASE + f'[daemon]\ncontrol = "{control}"\n', plugins)
-    assert err.key == "daemon.control" and "loopback" in err.rule and "authentication" in err.rule
+    assert err.key == "daemon.control" and "CURVE is off" in err.rule and "authentication" in err.rule
+    assert "ipc://" in err.rule   # says what to use instead
 
 
-@pytest.mark.parametrize("control", ["tcp://127.0.0.1:5556", "tcp://127.0.0.2:5556", "tcp://[::1]:5556",
-                                     "tcp://localhost:5556", "ipc:///run/dynbatchd/control.sock"])
-def test_a_private_control_socket_is_accepted(tmp_path, plugins, control):
+@pytest.mark.parametrize("control", ["ipc:///run/dynbatchd/control.sock", "inproc://control"])
+def test_a_control_socket_its_file_or_process_guards_is_accepted(tmp_path, plugins, control):
     validate_config(cfgmod.load(write(tmp_path, BASE + f'[daemon]\ncontrol = "{control}"\n')), plugins)
+
+
+@pytest.mark.parametrize("listen, refused", [("0.0.0.0:8080", True), (":8080", True), ("10.1.2.3:8080", True),
+                                             ("[::]:8080", True), ("127.0.0.1:8080", False),
+                                             ("[::1]:8080", False), ("localhost:8080", False)])
+def test_with_curve_on_the_http_door_must_be_on_loopback(tmp_path, plugins, listen, refused):
+    text = (BASE + f'[daemon]\nlisten = "ipc://{tmp_path}/r"\ncontrol = "ipc://{tmp_path}/c"\ncurve = true\n'
+            f'[http]\nlisten = "{listen}"\n')
+    if refused:
+        err = check(tmp_path, text, plugins)
+        assert err.key == "http.listen" and "loopback" in err.rule and "curve" in err.rule
+    else:
+        validate_config(cfgmod.load(write(tmp_path, text)), plugins)
+    # Without CURVE there is nothing for the HTTP door to bypass.
+    validate_config(cfgmod.load(write(tmp_path, text.replace("curve = true", "curve = false"))), plugins)
+
+
+def test_check_config_refuses_a_tcp_control_socket_without_curve_in_one_line(tmp_path):
+    bad = write(tmp_path, BASE + '[daemon]\ncontrol = "tcp://127.0.0.1:5556"\n')
+    for args in (["check-config", str(bad)], ["start", "--config", str(bad)]):
+        result = CliRunner().invoke(daemon_app, args)
+        assert result.exit_code == 2, result.output
+        assert result.output.startswith("error: ") and result.output.count("\n") == 1
+        assert "daemon.control" in result.output and "CURVE is off" in result.output
 
 
 # --- one line per error -----------------------------------------------------

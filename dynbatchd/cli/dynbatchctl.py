@@ -11,6 +11,12 @@ from typing import Any, Optional
 
 import numpy as np
 import typer
+from typer.core import TyperGroup
+
+try:
+    from typer._click.exceptions import UsageError   # typer 0.2x carries its own click
+except ImportError:  # pragma: no cover - a typer on the installed click
+    from click.exceptions import UsageError
 from rich.console import Console, Group
 from rich.markup import escape
 from rich.live import Live
@@ -28,7 +34,6 @@ from dynbatchd.cli.tune import tune
 from dynbatchd.cli.warmup import follow, warmed
 from dynbatchd.client import Client, CurveKeys, DynbatchdError, control_call
 
-app = typer.Typer(help="Control and query a running dynbatchd.", no_args_is_help=True, add_completion=False)
 out = Console()
 # soft_wrap: an error is one line however narrow the terminal, never broken mid-sentence.
 err = Console(stderr=True, soft_wrap=True)
@@ -38,6 +43,21 @@ def fail(message: str, code: int) -> typer.Exit:
     """Print one `error:` line on stderr (markup-safe, never wrapped); return the Exit to raise."""
     err.print(f"[red]error:[/red] {escape(message)}", highlight=False)
     return typer.Exit(code)
+
+
+class OneLineErrors(TyperGroup):
+    """A command's usage error (``--max-batch abc``, a value out of an option's range, an unknown
+    option) as one `error:` line and exit 2, as every other error, not click's boxed usage text."""
+
+    def invoke(self, ctx: typer.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except UsageError as exc:
+            raise fail(exc.format_message(), 2) from None
+
+
+app = typer.Typer(help="Control and query a running dynbatchd.", no_args_is_help=True, add_completion=False,
+                  cls=OneLineErrors)
 
 
 # CURVE keys of dynbatchctl (a daemon with [daemon] curve on, over tcp://): --curve-key and

@@ -63,9 +63,13 @@ def _call(ctx: typer.Context, cmd: str, **args: Any) -> Any:
 
 
 def _channel_now(ctx: typer.Context, channel: str) -> dict[str, Any] | None:
-    """The channel's running loop settings for the history, or None: not knowing them never stops a tune."""
+    """The channel's running loop settings for the history, or None, quietly: not knowing them
+    never stops a tune (nor adds a line to its error, e.g. the refusal of an admin's command)."""
+    from dynbatchd.cli import dynbatchctl
+
+    keys = ctx.obj.curve_args(ctx.obj.control)   # a key that will not load: its one line, here
     try:
-        found = _call(ctx, "config").get("channels", {}).get(channel)
+        found = dynbatchctl.control_call(ctx.obj.control, "config", **keys).get("channels", {}).get(channel)
     except Exception:   # noqa: BLE001 - only the history's "before" is lost
         return None
     return _loop_settings(found) if found else None

@@ -140,3 +140,16 @@ COMMANDS: dict[str, Callable[..., Any]] = {
     "ping": ping, "status": status, "plugins": plugins, "config": config,
     "tune": tune, "canary": canary, "reload": reload, "warmup": warmup, "stop": stop,
 }
+
+# What a CURVE client key (keys_dir/clients/) may ask: reading the daemon's state. Everything
+# else changes or stops it, or (`config`) shows how it is set up (key paths, tenants, endpoints),
+# and needs an admin key (keys_dir/admins/). An ipc:// control socket has no keys: its file's
+# permissions admit its user and group only, as admins.
+OPEN_TO_CLIENTS = ("ping", "status", "plugins")
+
+
+def needs_admin(cmd: str, args: dict[str, Any]) -> bool:
+    """Whether `cmd` with `args` is an admin's: all but OPEN_TO_CLIENTS and `canary` status."""
+    if cmd == "canary":
+        return args.get("action", "status") != "status"
+    return cmd not in OPEN_TO_CLIENTS

@@ -7,8 +7,9 @@ or ``{"ok": false, "error": MESSAGE}``. Commands live in
 Whoever reaches this socket can retune and stop the daemon, so an ipc:// one
 is a file of mode 0660 and the daemon's group (in the runtime directory, see
 `dynbatchd.config.runtime_dir`; the per-user one is made mode 0700), and a
-tcp:// one takes CURVE clients only when ``[daemon] curve`` is on (the config
-refuses a tcp:// one off loopback otherwise).
+tcp:// one needs ``[daemon] curve`` on (the config refuses it otherwise, even
+on loopback): then a client key may only read (`commands.OPEN_TO_CLIENTS`),
+and what changes or stops the daemon needs an admin key (`commands.needs_admin`).
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ import msgspec
 import zmq
 
 from dynbatchd import config as cfgmod, protocol as P
-from dynbatchd.control.commands import COMMANDS, CommandError
-from dynbatchd.transport import CurveServer, LoopSocket, bind, split_envelope
+from dynbatchd.control.commands import COMMANDS, CommandError, needs_admin
+from dynbatchd.transport import (ADMIN, CurveServer, LoopSocket, _Throttle, bind, ipc_file_of, remove_ipc_file,
+                                 split_envelope)
 
 log = logging.getLogger(__name__)
 
@@ -55,25 +57,42 @@ class ControlServer:
             sock.close(linger=0)
             raise
         self.endpoint = endpoint
+        self.bound_file = ipc_file_of(endpoint)
+        # No keys on ipc:// or inproc://: the file's permissions (or the process) already chose who
+        # may come, as admins. A tcp:// one without CURVE (which the config refuses) admits no admin.
+        self.keyless_admin = not endpoint.startswith("tcp://")
         self.daemon = daemon
-        self.io = LoopSocket(sock, self._on_messages)
+        self.io = LoopSocket(sock, self._on_messages, roles=self.curve)
+        self.refused_not_admin = 0   # commands refused to a client key
+        self._refusals = _Throttle(log)
 
     def _refused(self) -> None:
         self.unauthenticated += 1
+
+    def close(self, linger: int = 0) -> None:
+        """Stop reading, close the socket and remove its ipc:// file."""
+        self.io.stop()
+        self.io.sock.close(linger=linger)
+        remove_ipc_file(self.bound_file)
 
     def _on_messages(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
             envelope, body = split_envelope(frames)
             if not body:
                 continue
+            if self.curve:
+                who, admin = frames.user_id, frames.role == ADMIN
+            else:
+                who, admin = None, self.keyless_admin
             try:
-                answer = P.encoder.encode(self.handle(body[0]))
+                answer = P.encoder.encode(self.handle(body[0], admin=admin, who=who))
             except Exception as exc:   # e.g. a result that cannot be encoded: still one answer
                 log.exception("control reply could not be encoded")
                 answer = P.encoder.encode({"ok": False, "error": f"internal error: {type(exc).__name__}"})
             self.io.send([*envelope, answer])
 
-    def handle(self, raw: bytes) -> dict[str, Any]:
+    def handle(self, raw: bytes, *, admin: bool = True, who: str | None = None) -> dict[str, Any]:
+        """One request's reply; `admin`: the sender may change or stop the daemon (`who`: its key's name)."""
         try:
             request = P.decode_checked(_decoder, raw, "control request", "args")
         except P.MalformedMessage as exc:
@@ -81,6 +100,13 @@ class ControlServer:
         command = COMMANDS.get(request.cmd)
         if command is None:
             return {"ok": False, "error": f"unknown command {request.cmd!r} (known: {', '.join(sorted(COMMANDS))})"}
+        if not admin and needs_admin(request.cmd, request.args):
+            self.refused_not_admin += 1
+            self._refusals.warning("control: refused %s to CURVE key %r, a client's, not an admin's",
+                                   request.cmd, who)
+            return {"ok": False, "error": f"{request.cmd} needs an admin key: CURVE key {who!r} is a client's "
+                                          "(keys_dir/clients/), and only keys in keys_dir/admins/ may change, "
+                                          "stop or read the setup of the daemon"}
         try:
             return {"ok": True, "result": command(self.daemon, **request.args)}
         except CommandError as exc:
