@@ -340,9 +340,9 @@ def test_a_hung_worker_is_replaced_and_the_hanging_request_answered(tmp_path):
     daemon = start_daemon(tmp_path, SIMULATED, devices_extra="batch_timeout_s = 1.0")
     try:
         with Client(daemon.endpoint) as client:
-            with pytest.raises(ModelError, match="died"):
+            with pytest.raises(ModelError, match="hung while running this request alone"):   # quarantined
                 client.infer("echo", "hang", deadline_ms=60_000, timeout=60)
             assert client.infer("echo", "fine", deadline_ms=60_000, timeout=60) == "fine"
-        assert daemon.status()["devices"][0]["restarts"] >= 2
+        assert daemon.status()["devices"][0]["restarts"] >= 1   # alone at once: one hang, one replacement
     finally:
         daemon.stop()
