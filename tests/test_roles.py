@@ -68,7 +68,7 @@ class FakeDaemon:
         self.state = "serving"
 
     def status(self):
-        return {"daemon": {"state": self.state}}
+        return {"daemon": {"state": self.state}, "compliance": {"recent": [{"tenant": "hospital-b"}]}}
 
     def canary_report(self):
         return {"running": {}, "ended": {}}
@@ -102,6 +102,7 @@ def test_a_client_key_reads_and_only_an_admin_key_changes_or_stops(keys, plugins
             out[f"client {cmd} {args.get('action', '')}".strip()] = await call(keys.alice, cmd, **args)
         out["state after the client's stop"] = daemon.state
         out["refused"] = ctl.refused_not_admin
+        out["admin status"] = await call(keys.bob, "status")
         out["admin stop"] = await call(keys.bob, "stop")
         # A key in both directories is an admin's; one moved out of admins/ is a client's again.
         (keys.dir / "admins" / "alice.key").write_bytes(keys.alice_admitted.read_bytes())
@@ -119,7 +120,8 @@ def test_a_client_key_reads_and_only_an_admin_key_changes_or_stops(keys, plugins
     out = asyncio.run(main())
     assert "callable" in out.pop("client plugins")["runners"]
     assert out.pop("client ping") == {"state": "serving"}
-    assert out.pop("client status") == {"daemon": {"state": "serving"}}
+    assert out.pop("client status") == {"daemon": {"state": "serving"}}   # no other tenant's refusals
+    assert out.pop("admin status")["compliance"] == {"recent": [{"tenant": "hospital-b"}]}
     assert out.pop("client canary") == {"running": {}, "ended": {}}
     for cmd in ("tune", "reload", "config", "warmup", "canary start", "canary stop", "stop"):
         refusal = out.pop(f"client {cmd}")

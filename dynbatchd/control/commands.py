@@ -153,3 +153,11 @@ def needs_admin(cmd: str, args: dict[str, Any]) -> bool:
     if cmd == "canary":
         return args.get("action", "status") != "status"
     return cmd not in OPEN_TO_CLIENTS
+
+
+def for_client(cmd: str, result: Any) -> Any:
+    """What a client key sees of a result: `status` without the compliance audit, whose latest
+    decisions name other tenants and their request ids."""
+    if cmd == "status" and isinstance(result, dict):
+        return {k: v for k, v in result.items() if k != "compliance"}
+    return result

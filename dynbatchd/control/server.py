@@ -22,7 +22,7 @@ import msgspec
 import zmq
 
 from dynbatchd import config as cfgmod, protocol as P
-from dynbatchd.control.commands import COMMANDS, CommandError, needs_admin
+from dynbatchd.control.commands import COMMANDS, CommandError, for_client, needs_admin
 from dynbatchd.transport import (ADMIN, CurveServer, LoopSocket, _Throttle, bind, ipc_file_of, remove_ipc_file,
                                  split_envelope)
 
@@ -108,7 +108,8 @@ class ControlServer:
                                           "(keys_dir/clients/), and only keys in keys_dir/admins/ may change, "
                                           "stop or read the setup of the daemon"}
         try:
-            return {"ok": True, "result": command(self.daemon, **request.args)}
+            result = command(self.daemon, **request.args)
+            return {"ok": True, "result": result if admin else for_client(request.cmd, result)}
         except CommandError as exc:
             return {"ok": False, "error": str(exc)}
         except TypeError as exc:
