@@ -12,6 +12,7 @@ reply.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import shutil
@@ -127,6 +128,9 @@ class Daemon(Operations):
         await self._close(ipc_dir)
         if watchdog is not None:
             watchdog.cancel()
+        # The last replies (shutting_down to what arrived at the end) are still in ZeroMQ's I/O
+        # thread: closing every socket with a linger and ending the context sends them before exit.
+        await asyncio.get_running_loop().run_in_executor(None, functools.partial(ctx.destroy, linger=2000))
         return code
 
     async def _serve(self) -> None:
