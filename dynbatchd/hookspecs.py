@@ -236,6 +236,25 @@ def dynbatchd_runners() -> dict[str, Any]:
         `dynbatchd.devices.runners.OutOfMemory` when the batch does not fit;
         any exception makes the worker split the batch until the inputs that
         fail alone are found, which get ``model_error``.
+    ``prepare(inputs, tokens) -> prepared``
+        Optional stage 1 of ``run``, for a pipelined worker
+        (`dynbatchd.devices.pipeline`): the CPU work (tokenising, building
+        tensors; pinned memory on CUDA), done while the device runs the batch
+        before. The base class returns ``(inputs, tokens)``.
+    ``forward(prepared) -> output``
+        Optional stage 2: the device's work (on CUDA: copy in without
+        blocking, the model, start the copy back). The base class calls
+        ``run``, so a runner with only ``run`` works unchanged.
+    ``finish(output) -> numpy array | list``
+        Optional stage 3, done while the device runs the batch after: wait for
+        the outputs and return what ``run`` would. A stage that raises sends
+        the batch through ``run`` to find the failing inputs, as above.
+        `dynbatchd.devices.runners.StagedRunner` makes ``run`` the three
+        stages in a row.
+    ``device_ns(output) -> int | None``
+        Optional: the device time of a batch the runner timed itself (CUDA
+        events), read after ``finish``; the base class returns None, and then
+        the time ``forward`` took counts as the device time.
     ``simulated``
         Class attribute, False by default: True when the runner models a
         device instead of running one, so every timing it causes is labelled

