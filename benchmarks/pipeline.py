@@ -1,0 +1,94 @@
+"""The pipelined worker against the serial one, in process, on a SIMULATED device (CPU only).
+
+    python -m benchmarks.pipeline                          # batch 32, device 8 ms, CPU 0.125 and 0.25 ms/item
+    python -m benchmarks.pipeline --cpu-ms-per-item 0.25 --device-ms 8 --batches 100
+
+The simulated runner burns `cpu_ms_per_item` of real CPU per item in `prepare`
+(standing in for tokenising) and sleeps `device-ms` in `forward` (standing in
+for the device). Serial is today's worker: `execute` runs the stages in a row,
+so a batch takes their sum. Pipelined is `dynbatchd.devices.pipeline`: while
+one batch sleeps on the device the next burns its CPU, so it should approach
+1/max(stage). Each batch's result is encoded as the worker would send it.
+Printed: batches/s of each, and each as a share of 1/max(stages) and
+1/sum(stages), from the nominal stage times; beside them the stage times the
+pipeline measured (on a busy machine the CPU stage stretches).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+import time
+
+from dynbatchd.devices.execution import execute
+from dynbatchd.devices.pipeline import Finished, Pipeline
+from dynbatchd.devices.runners import SimulatedRunner
+from dynbatchd.devices.worker import encode_result
+
+
+def serial(runner: SimulatedRunner, batches: int, inputs: list[str], tokens: list[int]) -> float:
+    """Batches per second of the worker as it is: one batch at a time, stages in a row."""
+    start = time.perf_counter()
+    for i in range(batches):
+        began = time.perf_counter_ns()
+        run = execute(runner, inputs, tokens, "sim")
+        encode_result(i, run, time.perf_counter_ns() - began, True)
+    return batches / (time.perf_counter() - start)
+
+
+def pipelined(runner: SimulatedRunner, batches: int, inputs: list[str], tokens: list[int]) -> tuple[float, list[Finished]]:
+    sent: list[Finished] = []
+
+    def send(done: Finished) -> None:
+        encode_result(done.batch_id, done.run, done.compute_ns, done.simulated)
+        sent.append(done)
+
+    pipe = Pipeline(send)
+    start = time.perf_counter()
+    for i in range(batches):
+        pipe.submit(i, runner, "sim", inputs, tokens)
+    pipe.flush()
+    rate = batches / (time.perf_counter() - start)
+    pipe.close()
+    return rate, sent
+
+
+def mean_ms(values: list[int]) -> float:
+    return sum(values) / len(values) / 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.pipeline", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cpu-ms-per-item", default="0.125,0.25", help="CPU per item in prepare, comma-separated")
+    ap.add_argument("--device-ms", type=float, default=8.0, help="the simulated device's time per batch")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--batches", type=int, default=80, help="batches per run")
+    args = ap.parse_args(argv)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print("python -m benchmarks.pipeline " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
+    print(f"commit {commit}; SIMULATED device {args.device_ms:g} ms a batch (a sleep); batch {args.batch}; "
+          f"{args.batches} batches a run; {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} before\n")
+    print("| CPU ms/item | CPU stage ms | device ms | serial batches/s | pipelined batches/s | speed-up "
+          "| pipelined / (1/max) | serial / (1/sum) | measured prepare / device / finish ms |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    inputs, tokens = [f"sentence {i}" for i in range(args.batch)], [16] * args.batch
+    for cpu_ms in (float(x) for x in args.cpu_ms_per_item.split(",")):
+        runner = SimulatedRunner("cpu", {"base_ms": args.device_ms, "per_item_ms": 0.0, "cpu_ms_per_item": cpu_ms})
+        cpu_stage = cpu_ms * args.batch
+        ceiling, floor = 1000 / max(cpu_stage, args.device_ms), 1000 / (cpu_stage + args.device_ms)
+        serial(runner, 3, inputs, tokens)   # warm
+        one = serial(runner, args.batches, inputs, tokens)
+        many, sent = pipelined(runner, args.batches, inputs, tokens)
+        measured = " / ".join(f"{mean_ms([getattr(f, k) for f in sent]):.2f}"
+                              for k in ("prepare_ns", "compute_ns", "finish_ns"))
+        print(f"| {cpu_ms:g} | {cpu_stage:g} | {args.device_ms:g} | {one:.1f} | {many:.1f} | {many / one:.2f}x "
+              f"| {many / ceiling:.2f} | {one / floor:.2f} | {measured} |")
+    print(f"\nload {os.getloadavg()[0]:.2f} after (on a shared machine, a high load stretches the CPU stage)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
