@@ -17,6 +17,29 @@ if TYPE_CHECKING:
     from dynbatchd.service import Daemon
 
 
+TEXT_FIELDS = ("model", "text", "user", "tenant", "request_type", "user_frequency")
+
+
+def not_utf8(request: P.Request) -> str | None:
+    """The first text field of `request` that cannot be encoded as UTF-8 (a lone surrogate), or None.
+    The ZeroMQ decoder refuses such strings; one from a door would fail its batch's encoding and
+    the top-users sketch's save."""
+    for field in TEXT_FIELDS:
+        value = getattr(request, field)
+        if value is not None and not value.isascii():
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                return field
+    for tag in request.tags:
+        if not tag.isascii():
+            try:
+                tag.encode()
+            except UnicodeEncodeError:
+                return "tags"
+    return None
+
+
 class LocalEnvelope(list):
     """Where the answer of a request from an in-process front door goes: a future, not a socket.
     Its one element stands for the client identity (unique per request), as a ZeroMQ envelope's."""
@@ -25,6 +48,12 @@ class LocalEnvelope(list):
     def settle(self, answer: Answer) -> None:
         if not self.future.done():
             self.future.set_result(answer)
+
+
+class LocalAnswer(asyncio.Future):
+    """The future answer of one request from a front door, naming it for `LocalDoor.withdraw`."""
+    identity: bytes
+    request_id: Any
 
 
 class LocalDoor:
@@ -46,16 +75,25 @@ class LocalDoor:
     def max_request_bytes(self) -> int:
         return self._daemon.config.daemon.max_request_bytes
 
-    def infer(self, request: P.Request) -> "asyncio.Future[Answer]":
+    def infer(self, request: P.Request) -> LocalAnswer:
         """Submit `request` as if it came in over ZeroMQ; the future gets its one answer."""
         self._seq += 1
         envelope = LocalEnvelope([b"local:%d" % self._seq])
-        envelope.future = asyncio.get_running_loop().create_future()
+        envelope.future = future = LocalAnswer(loop=asyncio.get_running_loop())
+        future.identity, future.request_id = envelope[0], request.id
         problem = validate_request(request, [])
+        if problem is None and (field := not_utf8(request)):
+            problem = f"{field} is not UTF-8 text (a lone surrogate)"
         if problem:
             envelope.settle(Answer(None, P.BAD_REQUEST, problem))
         elif self._daemon.state == "starting":   # the door opens before the models load (probes)
             envelope.settle(Answer(None, P.UNAVAILABLE, "daemon is starting: its models are still loading"))
         else:
             self._daemon.on_request(envelope, request, [])
-        return envelope.future
+        return future
+
+    def withdraw(self, future: LocalAnswer) -> None:
+        """Withdraw the request `future` answers, as a ZeroMQ client's cancel does: still queued, it
+        is answered cancelled now; already on a device, it runs to its end. (A front door's request
+        of many inputs is all or none: when one is refused, the others go.)"""
+        self._daemon.on_request([future.identity], P.Request(future.request_id, cancel=True), [])

@@ -48,6 +48,14 @@ class SavedSketch(msgspec.Struct, gc=False):
     users: list[UserRecord]
 
 
+def encodes(record: UserRecord) -> bool:
+    try:
+        msgspec.msgpack.encode(record)
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class TopUsers:
     __slots__ = ("limit", "inputs_per_user", "observed", "floor", "_users")
 
@@ -102,7 +110,13 @@ class TopUsers:
         """Write the sketch to `path` atomically, readable by its owner only (it holds payload text)."""
         records = [UserRecord(t, u, c, e, [(m, x, k) for (m, x), k in inputs.items()])
                    for (t, u), (c, e, inputs) in self._users.items()]
-        data = msgspec.msgpack.encode(SavedSketch(FORMAT, self.observed, self.floor, records))
+        try:
+            data = msgspec.msgpack.encode(SavedSketch(FORMAT, self.observed, self.floor, records))
+        except UnicodeEncodeError:   # a string no door should have let in: the rest is still saved
+            kept = [r for r in records if encodes(r)]
+            log.warning("top-users: %d users with text that is not UTF-8 left out of the saved sketch",
+                        len(records) - len(kept))
+            data = msgspec.msgpack.encode(SavedSketch(FORMAT, self.observed, self.floor, kept))
         path = Path(path)
         partial = path.with_name(path.name + ".partial")
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)

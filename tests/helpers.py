@@ -83,6 +83,13 @@ def embed(inputs):
     return np.array([[len(t), len(t.split()), 1.0] for t in inputs], dtype=np.float32)
 
 
+def nan_rows(inputs):
+    """A model whose outputs are not finite: each input becomes [NaN, inf] (the HTTP door answers 502)."""
+    import numpy as np
+
+    return np.array([[float("nan"), float("inf")] for _ in inputs], dtype=np.float32)
+
+
 def echo_or_hang(inputs):
     """Each input back, except that a batch holding a text starting "hang" never returns (so each
     test can hang on an input of its own, "hang1", "hang2", none quarantined by another)."""

@@ -91,7 +91,7 @@ def test_probes(daemon):
     ({"model": "enc", "input": "x"}, {"X-Tags": "banking"}, 403, "refused"),   # isolated channel, no tenant
     ({"model": "enc", "input": "x", "tags": ["banking"]}, {}, 403, "refused"),  # the tags in the body
     ({"model": "enc", "input": "x", "tags": "banking"}, {}, 400, "bad_request"),
-    ({"model": "enc", "input": "x" * (2 << 20)}, {}, 400, "bad_request"),      # past max_request_bytes
+    ({"model": "enc", "input": "x" * (2 << 20)}, {}, 413, "bad_request"),      # past max_request_bytes
 ])
 def test_every_error_is_an_http_status_with_its_code(daemon, body, headers, status, code):
     got, reply, _ = call(daemon, "/v1/embeddings", body, headers)

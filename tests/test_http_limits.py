@@ -132,7 +132,7 @@ def test_no_payload_from_an_http_request_reaches_the_log(tmp_path):
             call(base + "/v1/embeddings", {"model": "echo", "input": marker}, {"X-Deadline-Ms": marker}),
             call(base + "/v1/embeddings", {"model": "echo", "input": marker * 40_000}),           # over the bound
         ]
-        assert [s for s, _, _ in sent] == [500, 404, 400, 400, 400, 400], sent
+        assert [s for s, _, _ in sent] == [500, 404, 400, 400, 400, 413], sent
         raw = urllib.request.Request(base + "/v1/embeddings", data=b"{" + marker.encode(),
                                      headers={"Content-Type": "application/json"})
         try:
