@@ -39,7 +39,8 @@ def serial(runner: SimulatedRunner, batches: int, inputs: list[str], tokens: lis
     return batches / (time.perf_counter() - start)
 
 
-def pipelined(runner: SimulatedRunner, batches: int, inputs: list[str], tokens: list[int]) -> tuple[float, list[Finished]]:
+def pipelined(runner: SimulatedRunner, batches: int, inputs: list[str],
+              tokens: list[int]) -> tuple[float, list[Finished]]:
     sent: list[Finished] = []
 
     def send(done: Finished) -> None:
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", type=int, default=80, help="batches per run")
     args = ap.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print("python -m benchmarks.pipeline " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
+    given = argv if argv is not None else sys.argv[1:]
+    print("python -m benchmarks.pipeline " + " ".join(shlex.quote(a) for a in given))
     print(f"commit {commit}; SIMULATED device {args.device_ms:g} ms a batch (a sleep); batch {args.batch}; "
           f"{args.batches} batches a run; {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f} before\n")
     print("| CPU ms/item | CPU stage ms | device ms | serial batches/s | pipelined batches/s | speed-up "

@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+import zmq
 
 from dynbatchd.devices.execution import OutOfMemory, execute
 from dynbatchd.devices.pipeline import Finished, Pipeline
@@ -118,6 +119,9 @@ def test_the_wake_descriptor_says_when_a_batch_left_the_device_and_collect_sends
     runner.gate.set()
     readable, _, _ = select.select([pipe], [], [], TIMEOUT)
     assert readable == [pipe]
+    poller = zmq.Poller()   # as the worker polls it, beside its socket
+    poller.register(pipe.fileno(), zmq.POLLIN)
+    assert dict(poller.poll(0)) == {pipe.fileno(): zmq.POLLIN}
     pipe.collect()
     assert [f.batch_id for f in sent] == [7]
     assert select.select([pipe], [], [], 0)[0] == [], "collect drains the wake-ups"
@@ -178,7 +182,8 @@ def test_an_out_of_memory_in_forward_is_reported_and_the_halves_answered_as_exec
 
 
 def test_a_single_input_that_does_not_fit_gets_the_out_of_memory_error():
-    sent = run_all(SimulatedRunner("cpu", {"base_ms": 0.0, "per_item_ms": 0.0, "memory_tokens": 3}), [["ab", "abcdefg"]])
+    runner = SimulatedRunner("cpu", {"base_ms": 0.0, "per_item_ms": 0.0, "memory_tokens": 3})
+    sent = run_all(runner, [["ab", "abcdefg"]])
     run = sent[0].run
     assert run.oom and run.errors == {1: "out of device memory for a single input"}
     assert answers(run) == [[2, 2], None]

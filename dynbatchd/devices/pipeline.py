@@ -76,7 +76,8 @@ class Pipeline:
         self._thread.start()
 
     def fileno(self) -> int:
-        """Readable when a batch has left the device: then call `collect` (zmq.Poller takes this object)."""
+        """Readable when a batch has left the device: then call `collect`. (Register this number with
+        zmq.Poller, which answers with the number, not with this object.)"""
         return self._wake_r
 
     def submit(self, batch_id: int, runner: Any, model: str, inputs: list[Any], tokens: list[int]) -> None:
