@@ -340,7 +340,8 @@ class SentenceEmbeddingRunner(StagedRunner):
             raise OptionError("dtype", f"float16 runs on CUDA devices only, not on {self.device} "
                                        "(several times slower than float32 there): use float32 or bfloat16")
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        self.model = AutoModel.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(self.device).eval()
+        model = AutoModel.from_pretrained(str(path))   # (then cast: older transformers lack `dtype=`)
+        self.model = model.to(device=self.device, dtype=getattr(torch, dtype)).eval()
         self.run(["warm up the kernels"] * 2, [4, 4])
 
     def check(self, item):
@@ -358,13 +359,14 @@ class SentenceEmbeddingRunner(StagedRunner):
             with torch.inference_mode():
                 if not self.cuda:
                     return self._embed(prepared)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                pooled = self._embed({k: v.to(self.device, non_blocking=True) for k, v in prepared.items()})
-                host = torch.empty(pooled.shape, dtype=pooled.dtype, pin_memory=True)
-                host.copy_(pooled, non_blocking=True)
-                end.record()
-                return host, start, end
+                with torch.cuda.device(self.device):   # events on this device's stream, whichever thread runs this
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    pooled = self._embed({k: v.to(self.device, non_blocking=True) for k, v in prepared.items()})
+                    host = torch.empty(pooled.shape, dtype=pooled.dtype, pin_memory=True)
+                    host.copy_(pooled, non_blocking=True)
+                    end.record()
+                    return host, start, end
         except torch.cuda.OutOfMemoryError as exc:
             torch.cuda.empty_cache()
             raise OutOfMemory(str(exc).splitlines()[0]) from None
