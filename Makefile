@@ -2,6 +2,7 @@
 #   make run    install into .venv and run the daemon on the bundled model
 #   make test   install into .venv and run the test suite
 #   make bench  run the benchmarks (figures go to stdout and benchmarks/results/)
+#   make bench-gpu  the shipped model's offline curve on a CUDA device (exits 0 without one)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -12,7 +13,7 @@ CONFIG ?= etc/dynbatchd.toml
 HAVE_NVIDIA := $(shell test -e /proc/driver/nvidia/version && echo yes)
 TORCH_CONSTRAINT := $(if $(HAVE_NVIDIA),,-c constraints-cpu.txt)
 
-.PHONY: install run test bench clean
+.PHONY: install run test bench bench-gpu clean
 
 install: $(VENV)/.installed
 
@@ -30,6 +31,9 @@ test: install
 
 bench: install
 	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.run_all
+
+bench-gpu: install
+	HF_HUB_OFFLINE=1 $(BIN)/python -m benchmarks.gpu
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
