@@ -184,7 +184,8 @@ DEVICE_NAME = re.compile(r"^(cpu|cuda:\d+)$")   # a local device: `[devices] use
 class DeviceSettings(Frozen, kw_only=True):
     use: str | list[str] = "auto"
     ray: RaySettings | None = None
-    inflight: Annotated[int, Meta(ge=1, le=8)] = 2
+    inflight: Annotated[int, Meta(ge=1, le=8)] = 2   # one feeder's batches: a device holds workers + inflight - 1
+    workers_per_device: Annotated[int, Meta(ge=1, le=16)] = 1   # worker processes (feeders) sharing each device
     queue_lead_ms: Millis = 1.0
     cpu_threads: Annotated[int, Meta(ge=0, le=4096)] = 0
     # GB of every device, or by device name ({ "cuda:0" = 80, "cuda:1" = 24 }); 0 or absent: unknown
@@ -361,6 +362,8 @@ def _check_ray(src: str, devices: DeviceSettings) -> None:
     if (ray.gpus > 0) == (ray.cpus > 0):
         raise ConfigError(src, "devices.ray",
                           "needs exactly one of gpus = N (one actor per GPU) or cpus = N (CPU actors)")
+    if devices.workers_per_device != 1:
+        raise ConfigError(src, "devices.workers_per_device", "must be 1 with devices.ray (one actor per device)")
     if importlib.util.find_spec("ray") is None:
         raise ConfigError(src, "devices.ray", "needs Ray, which is not installed: pip install 'dynbatchd[ray]'")
 

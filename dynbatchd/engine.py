@@ -8,10 +8,16 @@ clock reading and carry out what it returns:
     submit(job, now)                 -> None (queued) or the Answer to send now
     step(now)                        -> (dispatches to send, answers to send)
     completed(device, id, outcome, now) -> answers
-    lost(device, now)                -> Loss(answers, explained)
+    lost(device, now, feeder)        -> Loss(answers, explained)
     unsendable(device, id, bad, now) -> answers (a batch that could not be encoded)
-    overdue(now, timeout)            -> [(device, limit)] hung: to be killed (lost() follows)
+    overdue(now, timeout)            -> [(device, feeder, limit)] hung: to be killed (lost() follows)
     next_wakeup()                    -> when step() should run again (None: on the next event)
+
+A device may be fed by several worker processes (`feeders`, [devices]
+workers_per_device): the engine still sees one device, with one memory and
+one speed, and places each batch on the device first, then on its
+least-loaded feeder that is up (`Dispatch.feeder`). A feeder that dies costs
+only its own batches; the device serves while any feeder is up.
 
 No sockets, threads, asyncio or clocks here: the live daemon
 (`dynbatchd.service`) and the discrete-event simulator (`dynbatchd.sim`)
@@ -76,6 +82,7 @@ class Answer:
 class Dispatch:
     device: int
     batch: Batch
+    feeder: int = 0   # which of the device's worker processes takes it
 
 
 @dataclass(slots=True)
@@ -116,17 +123,30 @@ class Device:
     """One device in the table: what it holds and what it has done."""
     name: str
     stats: DeviceStats
-    usable: bool = False
+    usable: bool = False        # some feeder of it is up (and it is not given up)
     exclusive: bool = False     # running a retried request alone: takes nothing else meanwhile
     gone: bool = False          # given up: nothing goes there until a probe of it comes up
-    hung: int | None = None     # the batch the watchdog found hung (the device is being killed)
-    # batch id -> (batch, when it started or was sent), in send order; the head's time is updated
-    # when the batch ahead of it ends, so the device's estimated end is right and hung counts from its start
+    hung: set[int] = field(default_factory=set)   # batches the watchdog found hung (their feeders are being killed)
+    # batch id -> (batch, when it started or was sent), in send order; a feeder's next batch is timed
+    # from when its batch ahead ends, so the device's estimated end is right and hung counts from its start
     held: dict[int, tuple[Batch, int]] = field(default_factory=dict)
+    up: list[bool] = field(default_factory=lambda: [False])   # by feeder: its worker process serves
+    feeder_of: dict[int, int] = field(default_factory=dict)   # held batch id -> the feeder it was sent to
+
+    def feeder_batches(self, feeder: int) -> list[int]:
+        """The ids of the batches `feeder` holds, in the order sent (its first is running)."""
+        return [bid for bid in self.held if self.feeder_of[bid] == feeder]
+
+    def least_loaded(self) -> int:
+        """The feeder that is up and holds the fewest batches (the lowest on a tie)."""
+        load = [0] * len(self.up)
+        for feeder in self.feeder_of.values():
+            load[feeder] += 1
+        return min((f for f, up in enumerate(self.up) if up), key=load.__getitem__)
 
 
 class Engine:
-    def __init__(self, channels: dict[str, Channel], devices: list[str], *, inflight: int = 2,
+    def __init__(self, channels: dict[str, Channel], devices: list[str], *, inflight: int = 2, feeders: int = 1,
                  queue_lead_ns: int = 1_000_000, cache: Any = None, freeze: Callable[[Any], Any] = lambda o: o,
                  fingerprint: Callable[[Any], Hashable] | None = None, now_ns: int = 0,
                  on_isolation: Callable[[str, str, "Job"], None] | None = None,
@@ -147,8 +167,9 @@ class Engine:
         self._arms: dict[str, tuple[Split, bool]] = {}   # channel -> (its split, whether it is the candidate)
         self.retiring: set[str] = set()           # twins whose canary ended: removed once empty
         self.channels = channels
-        self.devices = [Device(name, DeviceStats(name, since_ns=now_ns)) for name in devices]
-        self.inflight = inflight
+        self.devices = [Device(name, DeviceStats(name, since_ns=now_ns), up=[False] * feeders) for name in devices]
+        self.inflight = inflight   # a device holds at most (its feeders that are up) + inflight - 1 batches
+        self.feeders = feeders     # worker processes a device ([devices] workers_per_device)
         self.lead_ns = queue_lead_ns
         self.cache = cache
         self.freeze = freeze               # turns an output into what the cache may keep
@@ -268,7 +289,7 @@ class Engine:
 
     def _views(self) -> list[DeviceView]:
         return [DeviceView(len(d.held), estimated_free_at(d.held.values(), lambda b, i=i: self._estimate(b, i)),
-                           d.usable and not d.exclusive) for i, d in enumerate(self.devices)]
+                           d.usable and not d.exclusive, sum(d.up)) for i, d in enumerate(self.devices)]
 
     def step(self, now_ns: int) -> tuple[list[Dispatch], list[Answer]]:
         """One scheduling pass: answer the hopeless, fill every open device slot."""
@@ -294,7 +315,8 @@ class Engine:
                 if index is None:
                     self.scheduler.requeue(batch.items)   # a retried request waits for an idle device
                 else:
-                    dispatches.append(Dispatch(index, self.devices[index].held[batch.id][0]))
+                    device = self.devices[index]   # (`_place` may have cut the batch: the same id, fewer items)
+                    dispatches.append(Dispatch(index, device.held[batch.id][0], device.feeder_of[batch.id]))
                     placed += 1
             if not placed:
                 break
@@ -308,10 +330,12 @@ class Engine:
 
     def _place(self, batch: Batch, views: list[DeviceView], now_ns: int) -> int | None:
         """The open device on which `batch` would finish soonest (by each device's learned cost;
-        fewest held on a tie). A retried request goes only to an idle device and runs there
-        alone: if it kills that one too, it is certainly the cause."""
+        fewest held on a tie), and there its least-loaded feeder. A retried request goes only to
+        an idle device (every feeder idle) and runs there alone: if it kills its feeder too, it
+        is certainly the cause."""
         exclusive = any(item.retries for item in batch.items)
-        choose = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0) for v in views] if exclusive else views
+        choose = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0, v.feeders)
+                  for v in views] if exclusive else views
         index = pick_device(choose, now_ns, self.inflight, self.lead_ns, lambda i: self._estimate(batch, i))
         if index is None:
             return None
@@ -319,10 +343,11 @@ class Engine:
         view = views[index]
         end = (max(view.free_at_ns, now_ns) if view.held else now_ns) + self._estimate(batch, index)
         device = self.devices[index]
+        device.feeder_of[batch.id] = device.least_loaded()
         device.held[batch.id] = (batch, now_ns)
         device.exclusive = exclusive
         device.stats.inflight = len(device.held)
-        views[index] = DeviceView(view.held + 1, end, view.usable and not exclusive)
+        views[index] = DeviceView(view.held + 1, end, view.usable and not exclusive, view.feeders)
         return index
 
     def _fit(self, batch: Batch, index: int) -> Batch:
@@ -403,14 +428,18 @@ class Engine:
                     del self.device_speed[key]
 
     # -- device events ----------------------------------------------------------
-    def device_up(self, device: int) -> None:
+    def device_up(self, device: int, feeder: int = 0) -> None:
+        """A feeder of `device` came up (started, restarted, or a probe of a given-up device)."""
         d = self.devices[device]
-        d.usable, d.gone, d.exclusive = True, False, False
+        d.up[feeder] = True
+        d.usable, d.gone = True, False
+        d.exclusive = d.exclusive and bool(d.held)   # another feeder may still run a retried request alone
 
     def device_gone(self, device: int, now_ns: int) -> list[Answer]:
-        """A device is given up for good; with none left, everything queued is answered unavailable."""
-        self.devices[device].usable = False
-        self.devices[device].gone = True
+        """A device is given up (no feeder of it is left); with none left, everything queued is
+        answered unavailable."""
+        d = self.devices[device]
+        d.usable, d.gone, d.up = False, True, [False] * len(d.up)
         if not all(d.gone for d in self.devices):
             return []
         answers: list[Answer] = []
@@ -426,10 +455,12 @@ class Engine:
         dev.exclusive = False
         if entry is None:
             return []   # already answered: lost, stopped, or a stray message
-        if dev.held:   # the batch queued behind it starts now, not when it was sent
-            head = next(iter(dev.held))
-            queued, sent_ns = dev.held[head]
-            dev.held[head] = (queued, max(sent_ns, now_ns))
+        feeder = dev.feeder_of.pop(batch_id)
+        for bid in dev.held:   # the feeder's batch queued behind it starts now, not when it was sent
+            if dev.feeder_of[bid] == feeder:
+                queued, sent_ns = dev.held[bid]
+                dev.held[bid] = (queued, max(sent_ns, now_ns))
+                break
         batch = entry[0]
         n = len(batch.items)
         dev.stats.batches += 1
@@ -493,18 +524,23 @@ class Engine:
         self.device_limits[device] = (max(1, min(items or len(batch.items), len(batch.items) // 2)), tokens)
         self.limit_sources[device] = "learned after OOM"
 
-    def lost(self, device: int, now_ns: int) -> Loss:
-        """A device died. What it was running runs once more, alone; a request that kills the
-        device a second time is proven poison: answered, and its input quarantined. So is one
-        that hung alone (the watchdog killed its device, see overdue()): it needs no second
-        period to prove it. What was only waiting behind it is requeued as it was."""
+    def lost(self, device: int, now_ns: int, feeder: int = 0) -> Loss:
+        """A feeder of a device (its worker process) died. What it was running runs once more,
+        alone; a request that kills a feeder a second time is proven poison: answered, and its
+        input quarantined. So is one that hung alone (the watchdog killed its feeder, see
+        overdue()): it needs no second period to prove it. What was only waiting behind it is
+        requeued as it was. The device's other feeders keep what they hold and keep serving."""
         dev = self.devices[device]
-        held = [batch for batch, _ in dev.held.values()]   # in the order sent: the first was running
-        hung = bool(held) and dev.hung == held[0].id
-        dev.held.clear()
-        dev.stats.inflight = 0
-        dev.usable = dev.exclusive = False
-        dev.hung = None
+        ids = dev.feeder_batches(feeder)   # in the order sent: the first was running
+        held = [dev.held.pop(bid)[0] for bid in ids]
+        for bid in ids:
+            del dev.feeder_of[bid]
+        hung = bool(held) and held[0].id in dev.hung
+        dev.hung.difference_update(ids)
+        dev.stats.inflight = len(dev.held)
+        dev.up[feeder] = False
+        dev.usable = any(dev.up) and not dev.gone
+        dev.exclusive = dev.exclusive and bool(dev.held)
         answers: list[Answer] = []
         retry: list[Item] = []
         explained = False
@@ -539,6 +575,7 @@ class Engine:
         was never sent."""
         dev = self.devices[device]
         entry = dev.held.pop(batch_id, None)
+        dev.feeder_of.pop(batch_id, None)
         dev.stats.inflight = len(dev.held)
         if not dev.held:
             dev.exclusive = False
@@ -559,31 +596,36 @@ class Engine:
         return answers
 
     def undelivered(self, device: int, batch_id: int) -> None:
-        """A dispatched batch could not be sent (its worker vanished): it waits for another device."""
+        """A dispatched batch could not be sent (its feeder vanished): it waits for another feeder
+        or device, and that feeder takes nothing more until it is up again (lost() follows)."""
         dev = self.devices[device]
         entry = dev.held.pop(batch_id, None)
         dev.stats.inflight = len(dev.held)
-        dev.usable = dev.exclusive = False
         if entry is not None:
+            dev.up[dev.feeder_of.pop(batch_id)] = False
+            dev.usable = any(dev.up) and not dev.gone
+            dev.exclusive = dev.exclusive and bool(dev.held)
             self.scheduler.requeue(entry[0].items)
 
-    def overdue(self, now_ns: int, timeout_ns: int) -> list[tuple[int, int]]:
-        """(device, limit) for each device whose running batch has run past its limit: hung, to be
-        killed; lost() then knows it hung. The limit is `timeout_ns`, except for a retried request
+    def overdue(self, now_ns: int, timeout_ns: int) -> list[tuple[int, int, int]]:
+        """(device, feeder, limit) for each feeder whose running batch (its first held) has run past
+        its limit: hung, to be killed; lost() then knows it hung. The limit is `timeout_ns`, except for a retried request
         running alone once its channel's cost is learned: SUSPECT_FACTOR times its estimate, at
         least SUSPECT_FLOOR_NS. So after a batch hangs, its requests rerun alone and the one that
         hangs again is found in a fraction of a second period, while the rest are answered."""
         out = []
         for i, d in enumerate(self.devices):
-            if not d.held:
-                continue
-            batch, started = next(iter(d.held.values()))   # the head is the running batch
-            limit = timeout_ns
-            if any(item.retries for item in batch.items) and self.channels[batch.channel].cost.samples:
-                limit = min(timeout_ns, max(SUSPECT_FLOOR_NS, SUSPECT_FACTOR * self._estimate(batch, i)))
-            if now_ns - started > limit:
-                d.hung = batch.id
-                out.append((i, limit))
+            running: dict[int, int] = {}   # feeder -> its running batch: the first it holds
+            for bid in d.held:
+                running.setdefault(d.feeder_of[bid], bid)
+            for feeder, bid in running.items():
+                batch, started = d.held[bid]
+                limit = timeout_ns
+                if any(item.retries for item in batch.items) and self.channels[batch.channel].cost.samples:
+                    limit = min(timeout_ns, max(SUSPECT_FLOOR_NS, SUSPECT_FACTOR * self._estimate(batch, i)))
+                if now_ns - started > limit:
+                    d.hung.add(bid)
+                    out.append((i, feeder, limit))
         return out
 
     def observe(self, now_ns: int, utilisation: float, memory: float) -> None:
@@ -615,6 +657,7 @@ class Engine:
                 for item in batch.items:
                     self._fail(item, P.SHUTTING_DOWN, "daemon stopped while this request was running", now_ns, answers)
             dev.held.clear()
+            dev.feeder_of.clear()
             dev.stats.inflight = 0
         return answers
 

@@ -68,6 +68,7 @@ class Daemon(Operations):
         self.devices = device_names(config.devices)
         channels = build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
+                             feeders=config.devices.workers_per_device,
                              queue_lead_ns=int(config.devices.queue_lead_ms * 1e6), cache=self.cache,
                              freeze=freeze, fingerprint=fingerprint, now_ns=self.started_ns,
                              on_isolation=self._on_isolation, on_verdict=self._canary_ended,
@@ -106,7 +107,7 @@ class Daemon(Operations):
                               probe_after_s=self.config.devices.probe_after_s,
                               on_result=self._on_result, on_lost=self._on_lost, on_ready=self._on_ready,
                               on_gone=self._on_gone, on_read_done=self._pump_if_scheduled,
-                              log_level=self.config.daemon.log_level)
+                              log_level=self.config.daemon.log_level, feeders=self.config.devices.workers_per_device)
         log.info("dynbatchd %s starting: devices %s, models %s", __version__, ", ".join(self.devices),
                  ", ".join(self.config.models))
         starting = asyncio.ensure_future(self.pool.start(timeout_s=600))
@@ -266,7 +267,8 @@ class Daemon(Operations):
                 self._send(self.engine.unsendable(dispatch.device, dispatch.batch.id, unencodable(dispatch.batch), now))
                 self._schedule_pump()
                 continue
-            if not self.pool.send(dispatch.device, frames):
+            worker = dispatch.device * self.engine.feeders + dispatch.feeder   # the pool's numbering
+            if not self.pool.send(worker, frames):
                 self.engine.undelivered(dispatch.device, dispatch.batch.id)
                 self._schedule_pump()
         if self.state == "draining" and not self.engine.busy():
@@ -284,7 +286,8 @@ class Daemon(Operations):
         self._pump()
 
     # -- worker events ------------------------------------------------------------
-    def _on_result(self, device: int, result: P.BatchResult, frames: list[bytes]) -> None:
+    def _on_result(self, worker: int, result: P.BatchResult, frames: list[bytes]) -> None:
+        device = worker // self.engine.feeders
         batch = self.engine.devices[device].held.get(result.batch_id)
         if batch is None:
             return   # already answered (lost or stopped): a late result must not answer twice
@@ -295,14 +298,17 @@ class Daemon(Operations):
         self._send(self.engine.completed(device, result.batch_id, outcome, self.clock()))
         self._schedule_pump()
 
-    def _on_lost(self, device: int) -> bool:
-        loss = self.engine.lost(device, self.clock())
+    def _on_lost(self, worker: int) -> bool:
+        """Worker `worker` (the pool's number: device x workers_per_device + feeder) died."""
+        device, feeder = divmod(worker, self.engine.feeders)
+        loss = self.engine.lost(device, self.clock(), feeder)
         self._send(loss.answers)
         self._schedule_pump()
         return loss.explained
 
-    def _on_ready(self, device: int) -> None:
-        self.engine.device_up(device)
+    def _on_ready(self, worker: int) -> None:
+        device, feeder = divmod(worker, self.engine.feeders)
+        self.engine.device_up(device, feeder)
         if self._give_up_timer is not None:
             self._give_up_timer.cancel()
             self._give_up_timer = None

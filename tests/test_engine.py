@@ -36,14 +36,16 @@ class Clients:
         return {k: code for k, (code, _) in self.answers.items()}
 
 
-def engine(devices: int = 1, *, cache: ResultCache | None = None, inflight: int = 2, **settings) -> Engine:
+def engine(devices: int = 1, *, cache: ResultCache | None = None, inflight: int = 2, feeders: int = 1,
+           **settings) -> Engine:
     settings.setdefault("max_batch", 4)
     settings.setdefault("window_ms", 0)
     settings.setdefault("deadline_ms", 10_000)
     e = Engine(build_channels({"c": ChannelSettings(**settings)}), [f"d{i}" for i in range(devices)],
-               inflight=inflight, cache=cache, fingerprint=lambda payload: str(payload).split("#")[0])
+               inflight=inflight, feeders=feeders, cache=cache, fingerprint=lambda payload: str(payload).split("#")[0])
     for i in range(devices):
-        e.device_up(i)
+        for f in range(feeders):
+            e.device_up(i, f)
     return e
 
 
@@ -226,12 +228,17 @@ def test_the_engine_and_the_scheduler_import_no_io():
         assert not names & banned, f"{path.name} imports {sorted(names & banned)}"
 
 
+@pytest.mark.parametrize("feeders", [1, 3])
 @pytest.mark.parametrize("seed", range(5))
-def test_exactly_once_under_random_deaths_stops_and_results(seed):
+def test_exactly_once_under_random_deaths_stops_and_results(seed, feeders):
+    """Random results, deaths of one feeder (worker process) at a time, and a stop: every
+    accepted request is answered once. A dead feeder comes back a few steps later, so a device
+    also spends time with some, or none, of its feeders up."""
     import random
 
     rng = random.Random(seed)
-    e, clients = engine(devices=2, inflight=2, max_batch=3, queue_limit=50), Clients()
+    e, clients = engine(devices=2, inflight=2, feeders=feeders, max_batch=3, queue_limit=50), Clients()
+    down: list[tuple[int, int, int]] = []   # (step it comes back, device, feeder)
     accepted, now, held = set(), 0, []
     for step in range(400):
         now += rng.randint(0, 2) * MS
@@ -249,10 +256,13 @@ def test_exactly_once_under_random_deaths_stops_and_results(seed):
             d = held.pop(rng.randrange(len(held)))
             clients.take(e.completed(d.device, d.batch.id, ok_outcome(d.batch), now))
         if rng.random() < 0.03:
-            device = rng.randrange(2)
-            clients.take(e.lost(device, now).answers)
-            held = [d for d in held if d.device != device]
-            e.device_up(device)
+            device, feeder = rng.randrange(2), rng.randrange(feeders)
+            clients.take(e.lost(device, now, feeder).answers)
+            held = [d for d in held if (d.device, d.feeder) != (device, feeder)]
+            down.append((step + rng.randint(0, 10), device, feeder))
+        for back in [b for b in down if b[0] <= step]:
+            down.remove(back)
+            e.device_up(back[1], back[2])
     clients.take(e.stop(now))
     assert accepted <= set(clients.answers)
 
@@ -279,7 +289,7 @@ def test_a_queued_batch_is_timed_from_when_the_batch_ahead_ended_not_from_when_i
     clients.take(e.completed(0, first.batch.id, ok_outcome(first.batch, 10 * MS), 15 * MS))   # ends late
     assert e._views()[0].free_at_ns == 25 * MS  # the queued one started at 15 ms
     assert e.overdue(30 * MS, 16 * MS) == []                   # hung counts from its start...
-    assert e.overdue(30 * MS, 14 * MS) == [(0, 14 * MS)]       # ...and with the limit that passed
+    assert e.overdue(30 * MS, 14 * MS) == [(0, 0, 14 * MS)]       # ...and with the limit that passed
 
 
 def test_a_cancelled_request_leaves_the_queue_answered_once_and_a_running_one_runs_on():
@@ -392,7 +402,7 @@ def test_a_request_that_hangs_alone_is_quarantined_at_the_first_kill():
     [dispatch], _ = e.step(0)
     timeout = 5_000 * MS
     assert e.overdue(timeout, timeout) == []
-    assert e.overdue(timeout + 1, timeout) == [(0, timeout)]
+    assert e.overdue(timeout + 1, timeout) == [(0, 0, timeout)]
     loss = e.lost(0, timeout + 2)
     assert loss.explained
     clients.take(loss.answers)
@@ -414,7 +424,7 @@ def test_a_hung_batch_finds_its_hanging_input_in_a_fraction_of_a_second_period()
         e.submit(job(payload), 0)
     [dispatch], _ = e.step(0)
     timeout = 5_000 * MS
-    assert e.overdue(timeout + 1, timeout) == [(0, timeout)]
+    assert e.overdue(timeout + 1, timeout) == [(0, 0, timeout)]
     loss = e.lost(0, timeout + 2)
     assert loss.answers == [] and not loss.explained   # which one hung is not known yet
     e.device_up(0)
@@ -431,7 +441,7 @@ def test_a_hung_batch_finds_its_hanging_input_in_a_fraction_of_a_second_period()
             now += 2 * MS
             continue
         assert e.overdue(now + SUSPECT_FLOOR_NS, timeout) == []
-        assert e.overdue(now + SUSPECT_FLOOR_NS + 1, timeout) == [(0, SUSPECT_FLOOR_NS)]
+        assert e.overdue(now + SUSPECT_FLOOR_NS + 1, timeout) == [(0, 0, SUSPECT_FLOOR_NS)]
         loss = e.lost(0, now + SUSPECT_FLOOR_NS + 2)
         assert loss.explained
         clients.take(loss.answers)
@@ -453,4 +463,4 @@ def test_a_suspect_gets_the_full_timeout_until_its_channel_has_learned_a_cost():
     assert len(d.batch.items) == 1
     timeout = 5_000 * MS
     assert e.overdue(2 * MS + 2 * 10**9, timeout) == []
-    assert e.overdue(2 * MS + timeout + 1, timeout) == [(0, timeout)]
+    assert e.overdue(2 * MS + timeout + 1, timeout) == [(0, 0, timeout)]

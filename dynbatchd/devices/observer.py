@@ -2,7 +2,8 @@
 
 Utilisation and memory use come from NVML on GPUs; on the CPU, utilisation
 is the worker's measured busy fraction and memory is not reported (0). The
-same beat replaces a worker that has held a batch too long (hung in a model,
+same beat replaces a worker (the one feeder of its device that holds the
+batch, not its siblings) that has held a batch too long (hung in a model,
 or answering with messages the daemon cannot read): `batch_timeout_s`, or
 less for a request rerun alone after its batch hung or died (`Engine.overdue`).
 
@@ -63,8 +64,9 @@ async def observe_devices(engine: Engine, pool: DevicePool, clock: Callable[[], 
             await asyncio.sleep(every_s)
             now = clock()
             if hung_after_s > 0:
-                for index, limit_ns in engine.overdue(now, int(hung_after_s * 1e9)):
-                    pool.kill(index, f"has held a batch for more than {limit_ns / 1e9:g} s")
+                for index, feeder, limit_ns in engine.overdue(now, int(hung_after_s * 1e9)):
+                    worker = index * engine.feeders + feeder   # (the pool's numbering)
+                    pool.kill(worker, f"has held a batch for more than {limit_ns / 1e9:g} s")
             sample_devices(engine, probe, last, now)
             after()
     finally:

@@ -1,10 +1,21 @@
-"""Start, feed and supervise one worker process per device.
+"""Start, feed and supervise the worker processes of each device (its feeders).
 
-Workers connect to one ROUTER socket on an ipc:// endpoint. The pool knows
-processes and messages, not scheduling: the engine decides which batch goes
-to which device; the pool sends it, hands results back (`on_result`), and
-reports a worker that died (`on_lost`), came up (`on_ready`) or was given up
-(`on_gone`).
+Each device is fed by `feeders` worker processes ([devices] workers_per_device),
+so one process's CPU work (decoding, tokenising, copying back) overlaps
+another's batch on the device. Workers connect to one ROUTER socket on an
+ipc:// endpoint. The pool knows processes and messages, not scheduling: the
+engine decides which batch goes to which device and feeder; the pool sends
+it, hands results back (`on_result`), and reports a feeder that died
+(`on_lost`) or came up (`on_ready`), and a device given up (`on_gone`).
+Workers are numbered device by device (worker = device x feeders + feeder):
+`send`, `kill` and those callbacks name a worker by that number, `on_gone`
+and `describe` a device; with one feeder a device the two are the same, as
+in a RayDevicePool.
+
+Restarts are budgeted per feeder: each worker process has its own
+`RestartBudget`, so a feeder that keeps dying is given up (and probed) while
+the device's other feeders keep serving; the device itself is given up only
+when every feeder of it is.
 
 Restarts are budgeted in time (`RestartBudget`): a device is given up only
 after more than `restart_limit` unexplained deaths within RESTART_WINDOW_S,
@@ -86,15 +97,25 @@ class RestartBudget:
 
 @dataclass
 class Worker:
-    index: int
+    index: int                                          # device x feeders + feeder
     name: str
     device: str
+    device_index: int = 0                               # the engine's index of its device
+    feeder: int = 0                                     # which of the device's worker processes
     proc: asyncio.subprocess.Process | None = None
     state: str = "starting"
     failure: str = ""
     simulated: bool = False
     restarts: int = 0                                   # lifetime, for status and metrics
     budget: RestartBudget | None = None
+    batches: int = 0                                    # results it sent back (lifetime, for status)
+    sent: int = 0                                       # batches sent to its current process...
+    answered: int = 0                                   # ...and answered by it: in flight is the difference
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "feeder": self.feeder, "pid": self.proc.pid if self.proc else 0,
+                "state": self.state, "restarts": self.restarts, "batches": self.batches,
+                "inflight": self.sent - self.answered}
 
 
 def detect_devices(use: str | list[str]) -> list[str]:
@@ -124,8 +145,9 @@ class DevicePool:
     def __init__(self, ctx: zmq.Context, devices: list[str], models: list[P.ModelSpec], *,
                  cpu_threads: int, ipc_dir: str, restart_limit: int, probe_after_s: float = 30.0,
                  on_result: Callable[[int, P.BatchResult, list[bytes]], None],
-                 on_lost: Callable[[int], bool], on_ready: Callable[[int], None], on_gone: Callable[[int], None],
-                 on_read_done: Callable[[], None] = lambda: None, log_level: str = "info"):
+                 on_lost: Callable[[int], bool], on_ready: Callable[[int], None],
+                 on_gone: Callable[[int], None], on_read_done: Callable[[], None] = lambda: None,
+                 log_level: str = "info", feeders: int = 1):
         self.models = models
         self.cpu_threads = cpu_threads
         self.on_result, self.on_lost, self.on_ready, self.on_gone = on_result, on_lost, on_ready, on_gone
@@ -137,8 +159,11 @@ class DevicePool:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.bind(self.endpoint)
         self.io = LoopSocket(sock, self._on_messages)
-        self.workers = [Worker(i, f"w{i}-{d}", d, budget=RestartBudget(restart_limit, probe_s=probe_after_s))
+        # by device, then feeder; named w0-cpu with one feeder a device, else w0.0-cpu, w0.1-cpu...
+        self.feeders = [[Worker(i * feeders + f, f"w{i}-{d}" if feeders == 1 else f"w{i}.{f}-{d}", d, i, f,
+                                budget=RestartBudget(restart_limit, probe_s=probe_after_s)) for f in range(feeders)]
                         for i, d in enumerate(devices)]
+        self.workers = [w for device in self.feeders for w in device]
         self._by_name = {w.name.encode(): w for w in self.workers}
         self._ready = asyncio.Event()
         self._closing = False
@@ -175,15 +200,20 @@ class DevicePool:
         worker.state = "restarting"
         log.error("worker %s (pid %d) exited with %s", worker.name, proc.pid, code)
         explained = self.on_lost(worker.index)
+        worker.sent = worker.answered = 0   # what it held is the engine's again
         if not self._ready.is_set() and worker.failure:
             self._ready.set()
             return
         restart = worker.budget.died(asyncio.get_running_loop().time(), explained)
         if restart.given_up:
             worker.state = "failed"
-            log.error("worker %s died %d times in %g s; giving up on device %s, probing it again in %g s",
-                      worker.name, len(worker.budget.deaths), worker.budget.window_s, worker.device, restart.delay_s)
-            self.on_gone(worker.index)
+            feeders = self.feeders[worker.device_index]
+            log.error("worker %s died %d times in %g s; giving it up, probing it again in %g s%s", worker.name,
+                      len(worker.budget.deaths), worker.budget.window_s, restart.delay_s,
+                      f"; no worker of device {worker.device} is left" if len(feeders) == 1 or all(
+                          w.state == "failed" for w in feeders) else "")
+            if all(w.state == "failed" for w in feeders):
+                self.on_gone(worker.device_index)
         worker.restarts += 1
         await asyncio.sleep(restart.delay_s)
         if not self._closing:
@@ -207,21 +237,23 @@ class DevicePool:
         self.io.sock.close(0)
 
     def kill(self, index: int, why: str) -> None:
-        """Replace a worker (hung on a batch): supervision restarts it, the engine hears it lost."""
-        proc = self.workers[index].proc
-        if proc is not None and proc.returncode is None:
-            log.error("worker %s %s; killing it", self.workers[index].name, why)
-            proc.kill()
+        """Replace worker `index` (hung on a batch): supervision restarts it, the engine hears it lost."""
+        worker = self.workers[index]
+        if worker.proc is not None and worker.proc.returncode is None:
+            log.error("worker %s %s; killing it", worker.name, why)
+            worker.proc.kill()
 
     # -- feeding ------------------------------------------------------------
     def send(self, index: int, frames: list[Any]) -> bool:
         """Send an encoded batch to worker `index`; False when it vanished meanwhile."""
+        worker = self.workers[index]
         try:
-            self.io.sock.send_multipart([self.workers[index].name.encode(), *frames], copy=False)
+            self.io.sock.send_multipart([worker.name.encode(), *frames], copy=False)
         except zmq.ZMQError:
             return False
         finally:
             self.io.kick()
+        worker.sent += 1
         return True
 
     # -- worker messages ----------------------------------------------------
@@ -237,6 +269,8 @@ class DevicePool:
                 log.error("undecodable message from worker %s", worker.name)
                 continue
             if isinstance(msg, P.BatchResult):
+                worker.batches += 1
+                worker.answered += 1
                 self.on_result(worker.index, msg, frames[2:])
             elif isinstance(msg, P.Hello):
                 setup = P.Setup(worker.device, self.models, self.cpu_threads)
@@ -259,10 +293,16 @@ class DevicePool:
             self._ready.set()
 
     def describe(self, index: int) -> dict[str, Any]:
-        """What status shows of a worker beside the engine's counters."""
-        w = self.workers[index]
-        return {"name": w.name, "index": w.index, "pid": w.proc.pid if w.proc else 0, "state": w.state,
-                "restarts": w.restarts, "simulated": w.simulated}
+        """What status shows of device `index` beside the engine's counters: its first feeder's
+        name and pid (with one feeder a device, its worker's), its state (ready while any feeder
+        is), and each feeder under `workers`."""
+        feeders = self.feeders[index]
+        states = {w.state for w in feeders}
+        state = next((s for s in ("ready", "starting", "restarting") if s in states), "failed")
+        first = feeders[0]
+        return {"name": first.name, "index": index, "pid": first.proc.pid if first.proc else 0, "state": state,
+                "restarts": sum(w.restarts for w in feeders), "simulated": any(w.simulated for w in feeders),
+                "workers": [w.describe() for w in feeders]}
 
 
 # -- the device kind a config asks for -------------------------------------

@@ -117,7 +117,10 @@ class RayDevicePool:
                  restart_limit: int, probe_after_s: float = 30.0,
                  on_result: Callable[[int, P.BatchResult, list[bytes]], None],
                  on_lost: Callable[[int], bool], on_ready: Callable[[int], None], on_gone: Callable[[int], None],
-                 on_read_done: Callable[[], None] = lambda: None, log_level: str = "info", ray: Any = None):
+                 on_read_done: Callable[[], None] = lambda: None, log_level: str = "info", ray: Any = None,
+                 feeders: int = 1):
+        if feeders != 1:   # (config refuses it: [devices] workers_per_device with ray)
+            raise ValueError("Ray devices have one actor each: workers_per_device must be 1")
         self.ray = import_ray()
         self.settings = ray
         self.models = models

@@ -1,12 +1,19 @@
 """Device slots: when a new batch may be cut, and which device should take it.
 
 Pure logic shared by the live daemon (`devices.pool`) and the simulator, so
-both make the same choice. A device holds up to `inflight` batches and runs
-them one after another. Its first slot opens when it is idle; a further
-(queued) slot opens only when the work it holds is due to end within
-`lead_ns`. Cutting a batch earlier would only make it smaller and then wait
-behind the running one anyway; cutting it `lead_ns` early still hides the
-time to assemble and send it.
+both make the same choice. A device runs the batches it holds one after
+another: that stays true with several feeders (worker processes) on one GPU,
+whose kernels share the device, so the model keeps one queue per device and
+sums its batches' device times. What several feeders overlap is the CPU work
+around each batch (decode, tokenise, copy back), which the device time does
+not count. So a device fed by `feeders` processes holds up to
+`feeders + inflight - 1` batches (one per feeder, and `inflight - 1` queued
+behind them), and a slot opens at once while a feeder has nothing, so that
+feeder prepares its batch while the device runs another's. A further (queued)
+slot opens only when the work it holds is due to end within `lead_ns`.
+Cutting a batch earlier would only make it smaller and then wait behind the
+running one anyway; cutting it `lead_ns` early still hides the time to
+assemble and send it.
 """
 
 from __future__ import annotations
@@ -23,6 +30,11 @@ class DeviceView:
     held: int          # batches sent and not yet answered
     free_at_ns: int    # estimated end of everything it holds (<= now when idle)
     usable: bool = True
+    feeders: int = 1   # its worker processes that are up: each takes a batch at once
+
+    def full(self, inflight: int) -> bool:
+        """No slot at all: a batch for each feeder, and `inflight - 1` queued behind them."""
+        return self.held >= self.feeders + inflight - 1
 
 
 def estimated_free_at(held: Iterable[tuple[T, int]], estimate: Callable[[T], int]) -> int:
@@ -35,7 +47,7 @@ def estimated_free_at(held: Iterable[tuple[T, int]], estimate: Callable[[T], int
 
 
 def _opens_at(d: DeviceView, now_ns: int, lead_ns: int) -> int:
-    return now_ns if d.held == 0 else max(now_ns, d.free_at_ns - lead_ns)
+    return now_ns if d.held < d.feeders else max(now_ns, d.free_at_ns - lead_ns)
 
 
 def open_slots(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_ns: int) -> tuple[int, int]:
@@ -46,7 +58,7 @@ def open_slots(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_n
     """
     free, soonest = 0, None
     for d in devices:
-        if not d.usable or d.held >= inflight or _opens_at(d, now_ns, lead_ns) > now_ns:
+        if not d.usable or d.full(inflight) or _opens_at(d, now_ns, lead_ns) > now_ns:
             continue
         free += 1
         wait = max(0, d.free_at_ns - now_ns) if d.held else 0
@@ -57,7 +69,7 @@ def open_slots(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_n
 def next_opening_ns(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_ns: int) -> int | None:
     """When the next queued slot opens (None: none will open without a batch finishing)."""
     times = [_opens_at(d, now_ns, lead_ns) for d in devices
-             if d.usable and d.held < inflight and _opens_at(d, now_ns, lead_ns) > now_ns]
+             if d.usable and not d.full(inflight) and _opens_at(d, now_ns, lead_ns) > now_ns]
     return min(times) if times else None
 
 
@@ -68,7 +80,7 @@ def pick_device(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_
     device that can start it soonest)."""
     best, best_key = None, None
     for i, d in enumerate(devices):
-        if not d.usable or d.held >= inflight or _opens_at(d, now_ns, lead_ns) > now_ns:
+        if not d.usable or d.full(inflight) or _opens_at(d, now_ns, lead_ns) > now_ns:
             continue
         start = max(d.free_at_ns, now_ns) if d.held else now_ns
         key = (start + (run_ns(i) if run_ns else 0), d.held)
