@@ -46,8 +46,12 @@ class LocalEnvelope(list):
     __slots__ = ("future",)
 
     def settle(self, answer: Answer) -> None:
-        if not self.future.done():
-            self.future.set_result(answer)
+        """Answer the future, and let go of it: the answer holds this envelope (its payload), so
+        keeping the future would make a reference cycle per request, which only the collector's
+        rare full passes free (the request path makes none: see dynbatchd/collector.py)."""
+        future, self.future = self.future, None
+        if future is not None and not future.done():
+            future.set_result(answer)
 
 
 class LocalAnswer(asyncio.Future):

@@ -252,6 +252,39 @@ def test_submission_takes_loop_turns_so_the_zeromq_door_is_not_starved():
     assert seen and seen[0] <= SUBMIT_CHUNK, seen
 
 
+
+def test_an_answered_request_from_the_door_leaves_no_reference_cycle():
+    """Memory after a burst: a request's answer held its envelope, which held its future, which held
+    the answer: a cycle per request, freed only by the collector's rare full passes (the daemon
+    makes it rarer still, see dynbatchd/collector.py), so RSS grew burst after burst. With the
+    collector off, the answered future must be freed by reference counting alone."""
+    import gc
+    import weakref
+    from types import SimpleNamespace
+
+    from dynbatchd import protocol as P
+    from dynbatchd.devices.batches import Pending
+    from dynbatchd.doors import LocalDoor
+    from dynbatchd.engine import Answer
+
+    def on_request(envelope, request, frames):   # as the daemon answers: the payload is the Pending
+        envelope.settle(Answer(Pending(envelope, request, frames), "ok", output=([1.0], None)))
+
+    async def one(door):
+        future = door.infer(P.Request(1, "m", text="x"))
+        assert (await future).code == "ok"
+        return weakref.ref(future)
+
+    door = LocalDoor(SimpleNamespace(state="serving", on_request=on_request))
+    gc.disable()
+    try:
+        loop = asyncio.new_event_loop()
+        ref = loop.run_until_complete(one(door))
+        loop.close()
+        assert ref() is None, "the answered future is still alive: a reference cycle holds it"
+    finally:
+        gc.enable()
+
 # -- 3. 4xx and 502, not 500 with a traceback ----------------------------------------
 
 def test_deeply_nested_json_is_400(daemon):
