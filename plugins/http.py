@@ -157,7 +157,7 @@ class HttpDoor:
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.settings.max_header_bytes)
         peer = "%s:%s" % (writer.get_extra_info("peername") or ("?", "?"))[:2]
         try:
-            if len(self._connections) >= self.settings.max_connections or self._closing:
+            if len(self._connections) >= self.settings.max_connections:
                 error = HttpError(P.OVERLOADED, f"the HTTP door has max_connections "
                                                 f"({self.settings.max_connections}) open")
                 writer.write(self._reply_bytes(conn, *self._error(error, False), close=True))
@@ -238,7 +238,7 @@ class HttpDoor:
         except HttpError as exc:
             log.debug("HTTP %s: %d %s", route, exc.status, exc.code)
             return self._error(exc, v2)
-        except (ClientGone, asyncio.CancelledError):
+        except ClientGone:
             raise
         except Exception as exc:   # a bug: one line, no traceback (an exception's text may quote a payload)
             log.error("HTTP %s: internal error (%s); answered 500", route, type(exc).__name__)
