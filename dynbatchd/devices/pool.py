@@ -207,12 +207,11 @@ class DevicePool:
         restart = worker.budget.died(asyncio.get_running_loop().time(), explained)
         if restart.given_up:
             worker.state = "failed"
-            feeders = self.feeders[worker.device_index]
-            log.error("worker %s died %d times in %g s; giving it up, probing it again in %g s%s", worker.name,
-                      len(worker.budget.deaths), worker.budget.window_s, restart.delay_s,
-                      f"; no worker of device {worker.device} is left" if len(feeders) == 1 or all(
-                          w.state == "failed" for w in feeders) else "")
-            if all(w.state == "failed" for w in feeders):
+            gone = all(w.state == "failed" for w in self.feeders[worker.device_index])
+            log.error("worker %s died %d times in %g s; giving up on %s, probing it again in %g s", worker.name,
+                      len(worker.budget.deaths), worker.budget.window_s,
+                      f"device {worker.device}" if gone else "it (its device's other workers serve)", restart.delay_s)
+            if gone:
                 self.on_gone(worker.device_index)
         worker.restarts += 1
         await asyncio.sleep(restart.delay_s)

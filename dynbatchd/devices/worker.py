@@ -2,9 +2,12 @@
 
 It connects a DEALER socket to the daemon's ipc:// endpoint, says hello,
 receives its setup (device and models), loads and warms every model, says
-ready, then runs batches one at a time. Arrays travel as raw frames; a batch
-that fails is split in halves until the failing inputs are found, so one bad
-input (or one out-of-memory) never costs the others their answers.
+ready, then runs its batches through a `Pipeline`: while one batch is on the
+device, this thread decodes and prepares the next and finishes and sends the
+last, so the device does not wait for Python. (Several such workers may feed
+one device: [devices] workers_per_device.) Arrays travel as raw frames; a
+batch that fails is split in halves until the failing inputs are found, so
+one bad input (or one out-of-memory) never costs the others their answers.
 """
 
 from __future__ import annotations
@@ -14,14 +17,14 @@ import logging
 import os
 import signal
 import sys
-import time
 from typing import Any
 
 import numpy as np
 import zmq
 
 from dynbatchd import protocol as P
-from dynbatchd.devices.execution import Execution, execute
+from dynbatchd.devices.execution import Execution
+from dynbatchd.devices.pipeline import Finished, Pipeline
 from dynbatchd.devices.runners import Runner
 
 log = logging.getLogger("dynbatchd.worker")
@@ -113,29 +116,38 @@ def serve(endpoint: str, name: str) -> int:
         return 1
     simulated = [n for n, r in runners.items() if r.simulated]
     sock.send(P.encoder.encode(P.Ready(os.getpid(), setup.device, list(runners), simulated)))
+
+    def send(done: Finished) -> None:
+        # Wait until ZeroMQ has handed the result to the kernel before preparing another batch:
+        # if a later batch kills this process, this result most likely reached the daemon already.
+        tracker = sock.send_multipart(encode_result(done.batch_id, done.run, done.compute_ns, done.simulated),
+                                      copy=False, track=True)
+        try:
+            tracker.wait(5.0)
+        except zmq.NotDone:
+            log.warning("result of batch %d not flushed after 5 s", done.batch_id)
+
+    pipeline = Pipeline(send)
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    poller.register(pipeline.fileno(), zmq.POLLIN)
     parent = os.getppid()
     while True:
-        if not sock.poll(1000):
+        events = dict(poller.poll(1000))
+        if not events:
             if os.getppid() != parent:
                 return 0
+            continue
+        if pipeline.fileno() in events:
+            pipeline.collect()   # a batch left the device: finish and send it
+        if sock not in events:
             continue
         frames = sock.recv_multipart()
         msg = P.daemon_decoder.decode(frames[0])
         if not isinstance(msg, P.BatchMsg):
             continue
-        runner = runners[msg.model]
         inputs, tokens = decode_inputs(msg, frames[1:])
-        start = time.perf_counter_ns()
-        run = execute(runner, inputs, tokens, msg.model)
-        compute_ns = time.perf_counter_ns() - start
-        # Wait until ZeroMQ has handed the result to the kernel before the next batch: if that
-        # batch kills this process, this result still reaches the daemon and is not re-run.
-        tracker = sock.send_multipart(encode_result(msg.batch_id, run, compute_ns, runner.simulated),
-                                      copy=False, track=True)
-        try:
-            tracker.wait(5.0)
-        except zmq.NotDone:
-            log.warning("result of batch %d not flushed after 5 s", msg.batch_id)
+        pipeline.submit(msg.batch_id, runners[msg.model], msg.model, inputs, tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
