@@ -23,7 +23,7 @@ import numpy as np
 import zmq
 
 from dynbatchd import protocol as P
-from dynbatchd.devices.execution import Execution
+from dynbatchd.devices.execution import Execution, execute  # noqa: F401 (execute: imported from here by tests)
 from dynbatchd.devices.pipeline import Finished, Pipeline
 from dynbatchd.devices.runners import Runner
 
