@@ -193,8 +193,10 @@ def dynbatchd_front_doors() -> dict[str, Any]:
     `dynbatchd.doors.LocalDoor`: ``await api.infer(request)`` submits a
     `dynbatchd.protocol.Request` through the same routing, compliance, cache
     and engine as a ZeroMQ request and returns its answer (``code``,
-    ``message``, ``output``, ``timing``); ``api.state`` and ``api.models``
-    answer probes and metadata. The built-in ``http`` door serves the
+    ``message``, ``output``, ``timing``); ``api.withdraw(future)`` takes a
+    request still queued back (answered ``cancelled``; a door's request of
+    many inputs is all or none); ``api.state`` and ``api.models`` answer
+    probes and metadata. The built-in ``http`` door serves the
     OpenAI embeddings and KServe v2 protocols (``[http] listen``).
     """
 
