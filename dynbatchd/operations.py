@@ -46,6 +46,8 @@ class Operations:
             self._top_users_saved = sketch.observed
         except OSError as exc:
             log.error("could not save the top-users sketch in %s: %s", self.config.daemon.state_dir, exc.strerror)
+        except Exception as exc:   # (never the daemon's exit code: the sketch is an optimisation)
+            log.error("could not save the top-users sketch: %s", type(exc).__name__)
 
     async def _save_top_users_periodically(self) -> None:
         while True:
