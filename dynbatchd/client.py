@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import socket
 import threading
 import time
 from concurrent.futures import Future, InvalidStateError
@@ -142,6 +144,57 @@ class ClientClosed(DynbatchdError):
     code = "closed"
 
 
+class NotRunning(DynbatchdError):
+    """Nothing listens at the daemon's address: it is not running (said at once, not after a timeout)."""
+    code = "not_running"
+
+
+def not_listening(endpoint: str, timeout_s: float = 0.3) -> str | None:
+    """Why nothing can be listening at `endpoint`, found in well under a second; None when
+    something may be (ZeroMQ itself would only retry quietly until a timeout).
+
+    ipc://: the socket file is missing, or connecting to it is refused (a stale file). tcp://: the
+    connection is refused. Anything else (a timeout, no permission) is left for the request to say.
+    """
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        abstract = path.startswith("@")
+        if not abstract and not os.path.exists(path):
+            return f"no socket file {path}"
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        target: Any = "\0" + path[1:] if abstract else path
+    elif endpoint.startswith("tcp://"):
+        host, _, port = endpoint[len("tcp://"):].rpartition(":")
+        host = host.strip("[]")
+        if host in ("*", "0.0.0.0", ""):
+            host = "127.0.0.1"
+        try:
+            info = socket.getaddrinfo(host, int(port), type=socket.SOCK_STREAM)[0]
+        except (OSError, ValueError):
+            return None
+        probe = socket.socket(info[0], socket.SOCK_STREAM)
+        target = info[4]
+    else:
+        return None
+    probe.settimeout(timeout_s)
+    try:
+        probe.connect(target)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return f"nothing listens on {endpoint[len('ipc://'):] if endpoint.startswith('ipc://') else endpoint}"
+    except OSError:
+        return None
+    finally:
+        probe.close()
+    return None
+
+
+def check_running(endpoint: str) -> None:
+    """Raise `NotRunning` at once when nothing listens at `endpoint` (see `not_listening`)."""
+    why = not_listening(endpoint)
+    if why is not None:
+        raise NotRunning(f"dynbatchd is not running: {why} ({endpoint})")
+
+
 class _Default:
     def __repr__(self) -> str:
         return "the client's timeout"
@@ -198,6 +251,7 @@ class AsyncClient:
         for fut in pending.values():
             if not fut.done():
                 fut.set_exception(exc)
+                fut.exception()   # retrieved: a request whose send never finished does not await it
 
     async def _read_replies(self) -> None:
         try:
@@ -237,6 +291,8 @@ class AsyncClient:
             tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user)
 
         async def exchange() -> list[bytes]:
+            if self.closed:   # closed before this task ran: a send on a closed socket leaves an orphan future
+                raise ClientClosed("client closed")
             await self._sock.send_multipart(frames_out)
             return await fut
 
@@ -260,10 +316,14 @@ class AsyncClient:
 
     def _cancel(self, req_id: int) -> None:
         """Tell the daemon to withdraw `req_id` if it is still queued (best effort, never blocks)."""
+        if self.closed:   # the socket is gone, and the daemon drops what a gone client asked
+            return
         try:
-            self._sock.send(P.encoder.encode(P.Request(req_id, cancel=True)), zmq.NOBLOCK)
+            sent = self._sock.send(P.encoder.encode(P.Request(req_id, cancel=True)), zmq.NOBLOCK)
         except zmq.ZMQError:
-            pass
+            return
+        if isinstance(sent, asyncio.Future):   # its failure is retrieved here, never left to be logged
+            sent.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def infer(self, model: str, inputs: Any, **kwargs: Any) -> Any:
         """Send one input (text, numpy array or plain value) and return its output."""
@@ -345,7 +405,13 @@ class Client:
             self._closed = True
 
         async def _close() -> None:
-            self._async.close()
+            self._async.close()   # every request in flight fails with ClientClosed ...
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            if tasks:   # ... and its task ends here, its outcome retrieved: no "Task was destroyed" on stderr
+                _, stuck = await asyncio.wait(tasks, timeout=5)
+                for task in stuck:
+                    task.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
             self._async._ctx.destroy(linger=0)
 
         try:
@@ -391,8 +457,10 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: Curv
     """One control-socket request; returns `result` or raises DynbatchdError with the daemon's message.
 
     `curve`: this client's keys and the daemon's public key, for a tcp:// control socket
-    with CURVE on; a refused handshake raises DynbatchdError (code ``refused``) at once.
+    with CURVE on; a refused handshake raises DynbatchdError (code ``refused``) at once, and so
+    does nothing listening there (`NotRunning`, code ``not_running``).
     """
+    check_running(endpoint)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
