@@ -6,9 +6,11 @@
 
 One channel, max_batch 32, deadline 1,000 ms, the device 8 ms + 0.5 ms/item +
 0.002 ms/token, every request at its own size. dynbatchd's engine (windows
-fixed 10 ms, fixed 100 ms, slo) beside the two yardsticks of
+fixed 10 ms, fixed 100 ms, slo) beside the three yardsticks of
 `benchmarks.heuristics`. Printed per speed-up: on-time share of all requests
-and of the longest 10%, utilisation, mean batch, overloaded and expired.
+and of the longest 10%, utilisation, mean batch, overloaded and expired. Then
+the shipped config (three channels, its own routing) beside its standard
+channel alone, with no urgent traffic and with every tenth request urgent.
 
 With ``--live`` the same arrivals (fixed 10 ms window) are also sent, open
 loop at their trace times, to a real daemon (`dynbatchd start`, the
@@ -24,12 +26,13 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from dynbatchd.config import ChannelSettings, PolicySettings
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv, simulate
 
-from benchmarks.heuristics import feasible_shortest_first, fifo_drop_hopeless
+from benchmarks.heuristics import edf_plan_drop_largest, feasible_shortest_first, fifo_drop_hopeless
 from benchmarks.traces import AZURE_CSV, azure_available
 
 DEVICE = DeviceModel(base_ms=8.0, per_item_ms=0.5, per_token_ms=0.002)
@@ -70,16 +73,51 @@ def main(argv: list[str] | None = None) -> int:
             r = simulate({"c": channel}, arrivals, device=DEVICE, window_policies=plugins.window_policies())
             total, counts = r.total(), r.counts()
             long_share = sum(r.on_time(i) for i in longest) / len(longest)
-            print(f"| x{speedup:g} | dynbatchd, {name} | {total.on_time_fraction:.1%} | {long_share:.1%} | "
+            print(f"| x{speedup:g} | dynbatchd, {name} | {total.on_time_fraction:.2%} | {long_share:.1%} | "
                   f"{r.utilisation():.1%} | {r.mean_batch():.1f} | {counts['overloaded']} | "
                   f"{counts['deadline_exceeded']} |")
         for name, heuristic in (("FIFO, drop the hopeless", fifo_drop_hopeless),
-                                ("deadline-feasible, shortest first", feasible_shortest_first)):
+                                ("deadline-feasible, shortest first", feasible_shortest_first),
+                                ("deadline-order plan, drop the largest", edf_plan_drop_largest)):
             y = heuristic(arrivals, DEVICE, DEADLINE_MS)
-            print(f"| x{speedup:g} | {name} | {y.share():.1%} | {y.share(longest):.1%} | | | | |")
+            print(f"| x{speedup:g} | {name} | {y.share():.2%} | {y.share(longest):.1%} | | | | |")
+    compare_shipped(rows, [float(s) for s in args.speedups.split(",")], plugins)
     if args.live:
         compare_live(rows, [float(s) for s in args.live_speedups.split(",")], plugins)
     return 0
+
+
+def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugins: Plugins) -> None:
+    """The shipped three-channel config (etc/dynbatchd.toml) beside its one-channel equivalent (its
+    standard channel alone), with no urgent traffic; then with every tenth request urgent."""
+    import random
+
+    from dynbatchd import config
+
+    shipped = config.load(str(Path(__file__).resolve().parent.parent / "etc/dynbatchd.toml"))
+    alone = {"standard": shipped.channels["standard"]}
+    print("\nThe shipped config (etc/dynbatchd.toml: realtime, standard, bulk) beside its standard channel alone")
+    print("| speed-up | urgent | standard alone: on time | shipped: on time | difference (points) | "
+          "shipped realtime on time | routed to bulk |")
+    print("|---|---|---|---|---|---|---|")
+    for speedup in speedups:
+        for urgent in (0.0, 0.1):
+            rng = random.Random(7)
+            arrivals = [Arrival(int(t / speedup * 1e9), tokens, tags=("urgent",) if rng.random() < urgent else ())
+                        for t, tokens in rows]
+            run = dict(device=DEVICE, inflight=shipped.devices.inflight, queue_lead_ms=shipped.devices.queue_lead_ms,
+                       window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(), plugins=plugins)
+            three = simulate(shipped.channels, arrivals, routing=shipped.routing, **run)
+            by_channel = three.stats(by="channel")
+            realtime, bulk = by_channel.get("realtime"), by_channel.get("bulk")
+            rt = f"{realtime.on_time_fraction:.2%}" if realtime is not None and realtime.offered else "-"
+            to_bulk = bulk.offered if bulk is not None else 0
+            if urgent:
+                print(f"| x{speedup:g} | {urgent:.0%} | | {three.total().on_time_fraction:.2%} | | {rt} | {to_bulk} |")
+                continue
+            one = simulate(alone, [Arrival(a.at_ns, a.tokens, channel="standard") for a in arrivals], **run)
+            a, b = one.total().on_time_fraction, three.total().on_time_fraction
+            print(f"| x{speedup:g} | none | {a:.2%} | {b:.2%} | {100 * (b - a):+.2f} | {rt} | {to_bulk} |")
 
 
 def live_config(endpoint: str, control: str) -> str:

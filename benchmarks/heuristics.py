@@ -9,6 +9,10 @@ them. They answer: how many requests could a simple rule get on time here?
   until its oldest member would still finish in time.
 - `feasible_shortest_first`: among the requests that can still finish in time,
   add them shortest first while every member of the batch still finishes in time.
+- `edf_plan_drop_largest`: an online planner (Moore and Hodgson's rule, for
+  batches): the queue in deadline order, cut into full batches; while the last
+  planned batch would be late, drop the largest request from the plan; run the
+  plan's first batch.
 """
 
 from __future__ import annotations
@@ -91,5 +95,30 @@ def feasible_shortest_first(arrivals, device: DeviceModel, deadline_ms: float, m
                 earliest = limit
             else:
                 queue.append(i)
+        return batch
+    return _replay(arrivals, device, deadline_ms, max_batch, choose)
+
+
+def edf_plan_drop_largest(arrivals, device: DeviceModel, deadline_ms: float, max_batch: int = 32) -> Yardstick:
+    base, per_item, per_token = device.base_ms * MS, device.per_item_ms * MS, device.per_token_ms * MS
+
+    def choose(queue, now, deadline, arrivals, device, max_batch):
+        feasible = sorted((i for i in queue if _alone_in_time(i, now, deadline, arrivals, device)),
+                          key=lambda i: deadline[i])
+        queue.clear()
+        kept, tokens = [], 0
+        for i in feasible:
+            kept.append(i)
+            tokens += arrivals[i].tokens
+            while kept:
+                batches = -(-len(kept) // max_batch)
+                end = now + batches * base + len(kept) * per_item + tokens * per_token
+                if end <= deadline[kept[(batches - 1) * max_batch]]:
+                    break
+                largest = max(range(len(kept)), key=lambda j: arrivals[kept[j]].tokens)
+                tokens -= arrivals[kept.pop(largest)].tokens
+        batch = kept[:max_batch]
+        chosen = set(batch)
+        queue.extend(i for i in feasible if i not in chosen)
         return batch
     return _replay(arrivals, device, deadline_ms, max_batch, choose)

@@ -40,18 +40,22 @@ def test_a_request_that_would_make_a_member_late_waits_even_when_one_batch_takes
     assert second.items == [long]
 
 
-def test_long_requests_owed_their_floor_are_served_cheapest_first():
-    s = scheduler(max_batch=2)
-    channel = s.channels["c"]
-    queued = [item(0, t) for t in (100, 120, 2000, 5000, 9000)]
-    for it in queued:
-        assert s.submit(it, 0)
-    ledger = channel.long_share
-    ledger.cut, ledger.asked, ledger.got = 1000.0, [1.0, 1.0], [1.0, 0.0]   # long ones asked half, got none
-    assert ledger.owed()
-    [batch] = s.poll(0, free_slots=1).batches
-    # The floor is device time: the cheapest long requests pay it with the most of them on time.
-    assert [it.tokens for it in batch.items] == [2000, 5000]
+def test_long_requests_owed_their_floor_are_dropped_from_the_plan_last():
+    # Everything is due at 30 ms; batches take 8 ms + 0.5 ms a request + 0.002 ms a token. Unowed, the
+    # plan drops the largest requests (9,000 then 2,000 tokens) and runs the two short ones. Owed, it
+    # drops the short ones first (120, then 100), then the largest long one (9,000: with 2,000 it would
+    # end at 31 ms), and runs the long request of 2,000 tokens.
+    def plan(owed: bool) -> list[int]:
+        s = scheduler(max_batch=2)
+        for it in [item(0, t, deadline_ms=30) for t in (100, 9000, 120, 2000)]:
+            assert s.submit(it, 0)
+        ledger = s.channels["c"].long_share
+        ledger.cut, ledger.asked, ledger.got = 1000.0, [1.0, 1.0], [1.0, 0.0 if owed else 1.0]
+        assert ledger.owed() == owed
+        [batch] = s.poll(0, free_slots=1).batches
+        return [it.tokens for it in batch.items]
+    assert plan(owed=False) == [100, 120]
+    assert plan(owed=True) == [2000]
 
 
 def _ledger_after_a_burst(burst: int) -> LongShare:

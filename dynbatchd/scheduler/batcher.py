@@ -145,7 +145,7 @@ class Scheduler:
                 break
             channel, lane = pick
             self._next_batch_id += 1
-            budget = self._budget_ns(channel)
+            budget = self._budget_ns(channel, now_ns)
             if lane.warmup:
                 budget = self._warmup_budget_ns() if budget is None else min(budget, self._warmup_budget_ns())
             batch = channel.form(lane, self._next_batch_id, now_ns, now_ns + device_busy_ns, budget)
@@ -154,21 +154,23 @@ class Scheduler:
             free_slots -= 1
         return decision
 
-    def _longest_batch_ns(self, channel: Channel) -> int:
+    def _longest_batch_ns(self, channel: Channel, now_ns: int) -> int:
         """How long a batch of `channel` may run: a full one of its usual requests, within its budget."""
         limit = channel.sizer.max_batch()
         full = channel.cost.estimate_ns(limit, int(channel.mean_tokens * limit))
-        budget = self._budget_ns(channel)
+        budget = self._budget_ns(channel, now_ns)
         return full if budget is None else min(full, budget)
 
-    def _budget_ns(self, channel: Channel) -> int | None:
+    def _budget_ns(self, channel: Channel, now_ns: int) -> int | None:
         """The longest batch `channel` may cut without making a channel of higher priority miss:
         a request arriving there just after this batch starts waits for it, and for one queued
-        behind it, then runs its own batch, within its deadline. None: no channel above it."""
+        behind it, then runs its own batch, within its deadline. None: no channel above it, or
+        none that is busy (`Channel.quiet`: an idle realtime channel does not shrink every
+        standard batch for traffic that does not come)."""
         budgets = []
         for other in self.channels.values():
             s = other.settings
-            if s.priority <= channel.settings.priority:
+            if s.priority <= channel.settings.priority or other.quiet(now_ns):
                 continue
             limit = other.sizer.max_batch()
             own = other.cost.estimate_ns(limit, int(other.mean_tokens * limit))
@@ -201,7 +203,7 @@ class Scheduler:
         best = None
         best_key = None
         total = sum(self._recent.values()) or 1.0
-        batch_time = 2 * max(self._longest_batch_ns(c) for c in self.channels.values()) + busy_ns
+        batch_time = 2 * max(self._longest_batch_ns(c, now_ns) for c in self.channels.values()) + busy_ns
         for channel in self.channels.values():
             if not channel.depth:
                 continue

@@ -138,6 +138,10 @@ class Channel:
         """Accepted requests per ns, recently."""
         return self._arrivals * math.exp(-(now_ns - self._arrivals_at) / self.ARRIVAL_TAU_NS)
 
+    def quiet(self, now_ns: int) -> bool:
+        """Nothing queued, and no request accepted for ARRIVAL_TAU_NS (or ever)."""
+        return not self.depth and (not self._arrivals or now_ns - self._arrivals_at > self.ARRIVAL_TAU_NS)
+
     def drain_rate(self, now_ns: int) -> float:
         """Requests dispatched per ns, recently."""
         return self._rate * math.exp(-(now_ns - self._rate_at) / self.RATE_TAU_NS)
@@ -214,7 +218,8 @@ class Channel:
             self.refused_wait_ns = None
             return False
         if wait_ns is not None and not self.settings.run_late:
-            wait_ns = max(wait_ns, self._drain_wait_ns(now_ns))
+            if not self.plans_by_size():   # (a planned queue holds requests its plan drops: its length says little)
+                wait_ns = max(wait_ns, self._drain_wait_ns(now_ns))
             if run_ns is None:
                 run_ns = self.cost.estimate_ns(1, item.tokens)
             if now_ns + wait_ns + run_ns > item.deadline_ns:
@@ -361,13 +366,11 @@ class Channel:
              budget_ns: int | None = None) -> Batch:
         """Cut a batch from `lane` that will start at `start_ns` (default now).
 
-        Where request sizes matter (`_sizes_matter`), the batch that gets the most
-        requests done in time: among the requests that can still finish in time,
-        shortest first while every member still does (`_feasible_first`). While
-        one batch can take everything waiting that is the same set as earliest
-        deadline first, less any request that would make a member late (it waits
-        for the next batch or expires instead of spoiling this one). Otherwise
-        earliest deadline first, up to the size and token caps. A batch
+        Where request sizes matter (`_sizes_matter`), the first batch of a plan
+        of the queue that gets the most requests done in time (`_planned_first`:
+        deadline order, full batches, the largest request dropped from the plan
+        while its last batch would be late). Otherwise earliest deadline first,
+        up to the size and token caps. A batch
         never runs longer than `budget_ns` (by the learned cost) but for its first request:
         what a channel of higher priority can wait for.
         """
@@ -376,8 +379,7 @@ class Channel:
         start = now_ns if start_ns is None else start_ns
         picked = None
         if len(lane) > 1 and not self.settings.run_late and not lane.heap[0][2].retries and self._sizes_matter(lane):
-            long_first = self.long_share.owed()   # long requests are owed device time: serve them
-            picked = self._feasible_first(lane, start, limit, cap, long_first, budget_ns)
+            picked = self._planned_first(lane, start, limit, cap, self.long_share.owed(), budget_ns)
         if picked:
             items = lane.take(picked)
             tokens = sum(item.tokens for item in items)
@@ -415,38 +417,59 @@ class Channel:
                 stats.wait_ns += now_ns - item.arrival_ns
         return Batch(batch_id, self.name, lane.model, items, now_ns, limit, tokens)
 
+    def plans_by_size(self) -> bool:
+        """Whether this channel's batches are planned by request size (`_planned_first`): the tokens
+        of its mean request cost more device time than the request itself."""
+        _, per_item, per_token = self.cost.coefficients()
+        return per_token * self.mean_tokens > per_item
+
     def _sizes_matter(self, lane: Lane) -> bool:
         """Whether picking by size can pay: the tokens of a mean request cost more device time than
         the request itself (else, e.g. for a no-op model, the scan would cost more than it saves)."""
         _, per_item, per_token = self.cost.coefficients()
         return per_token * lane.tokens / len(lane) > per_item
 
-    def _feasible_first(self, lane: Lane, start: int, limit: int, cap: int, long_first: bool,
-                        budget_ns: int | None = None) -> list[Item]:
-        """The requests to run now: each must finish by its deadline, as long as every member
-        still does; cheapest first (the most on time per
-        unit of device time). While long requests are owed their share (`LongShare`), the long
-        ones come first, still cheapest first: the floor is device time, and the cheapest long
-        requests pay it back with the most of them on time (longest first spent the same device
-        time on fewer). Requests that cannot make it even alone are left for `expire`; a
-        retried request is never picked here (it runs alone)."""
-        estimate = self.cost.estimate_ns
-        chosen: list[Item] = []
-        tokens, earliest = 0, NEVER
+    PLAN_BATCHES = 8   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn)
+
+    def _planned_first(self, lane: Lane, start: int, limit: int, cap: int, long_first: bool = False,
+                       budget_ns: int | None = None) -> list[Item]:
+        """The first batch of a plan that gets the most requests done in time (Moore and Hodgson's
+        rule, for batches): take the queue in deadline order, cut it into full batches run one
+        after another from `start` (by the learned cost); whenever the last planned batch would
+        end past the earliest deadline in it, drop the largest request planned so far (it costs
+        the most device time, so dropping it saves the most for the others) and plan on. The
+        batch to run now is the plan's first. A dropped request is not refused: it waits, and a
+        later plan may still fit it, or `expire` answers it. While long requests are owed their
+        floor of device time (`long_first`, `LongShare`), a short request is dropped before any
+        long one. Requests that cannot make it even alone are left for `expire`; a retried
+        request is never planned (it runs alone)."""
+        base, per_item, per_token = self.cost.coefficients()
         is_long = self.long_share.is_long
-        order = sorted(lane.heap, key=lambda e: (long_first and not is_long(e[2].tokens), e[2].tokens, e[0]))
-        for deadline, _, item in order:
-            if len(chosen) == limit:
+        kept: list[Item] = []
+        tokens = 0
+        for deadline, _, item in heapq.nsmallest(self.PLAN_BATCHES * limit, lane.heap):
+            if item.retries or start + base + per_item + per_token * item.tokens > deadline:
+                continue
+            kept.append(item)
+            tokens += item.tokens
+            while True:
+                count = len(kept)
+                batches = -(-count // limit)
+                end = start + base * batches + per_item * count + per_token * tokens
+                if end <= kept[(batches - 1) * limit].deadline_ns:
+                    break
+                drop = max(range(count), key=(lambda i: (not is_long(kept[i].tokens), kept[i].tokens)) if long_first
+                           else (lambda i: kept[i].tokens))
+                tokens -= kept.pop(drop).tokens
+        chosen: list[Item] = []
+        tokens = 0
+        for item in kept:   # the first batch, within the token cap and the time budget
+            if len(chosen) == limit or (cap and tokens + item.tokens > cap):
                 break
-            if item.retries or (cap and tokens + item.tokens > cap):
-                continue
-            end = start + estimate(len(chosen) + 1, tokens + item.tokens)
-            if chosen and budget_ns is not None and end - start > budget_ns:
-                continue
-            if end <= min(earliest, deadline):
-                chosen.append(item)
-                tokens += item.tokens
-                earliest = min(earliest, deadline)
+            if chosen and budget_ns is not None and self.cost.estimate_ns(len(chosen) + 1, tokens + item.tokens) > budget_ns:
+                break
+            chosen.append(item)
+            tokens += item.tokens
         return chosen
 
     def retune(self, settings: Any, fresh: "Channel") -> None:

@@ -1,0 +1,95 @@
+"""Which request waits when not all can be on time (issue 26), against a fake clock.
+
+The plan (`Channel._planned_first`): the queue in deadline order, cut into full batches;
+while the last planned batch would be late, the largest request leaves the plan. Admission
+of a planned channel, and an idle channel of higher priority, against the same clock.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from dynbatchd.config import ChannelSettings
+from dynbatchd.scheduler import MS, CostModel, Item, Scheduler, build_channels
+
+_keys = itertools.count(1)
+SECOND = 1000 * MS
+
+
+def item(at_ms: float, tokens: int, deadline_ms: float, channel: str = "c") -> Item:
+    at = int(at_ms * MS)
+    return Item(next(_keys), "m", at, at + int(deadline_ms * MS), tokens, None, None, channel)
+
+
+def taught(s: Scheduler, channel: str = "c") -> None:
+    """A device of 8 ms + 0.5 ms a request + 0.002 ms a token, settled and just confirmed."""
+    cost = s.channels[channel].cost
+    for size, tokens in [(1, 100), (4, 2000), (8, 500), (2, 9000), (16, 4000)] * 5:
+        cost.observe(size, tokens, int((8 + 0.5 * size + 0.002 * tokens) * MS), 0)
+
+
+def test_when_the_plan_is_late_the_largest_request_waits_not_the_latest():
+    # Max batch 2; deadlines 20, 25, 26, 27 ms. In deadline order, [a, big] ends at 19.2 ms and [b, c]
+    # at 28.6, past b's 26. Dropping the latest (c) still leaves b late (27.9 ms): two on time. The
+    # plan drops the largest (big, 5,000 tokens): [a, b] by 9.4 ms, [c] by 18.1: three on time.
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=2, window_ms=0)}))
+    taught(s)
+    a, big, b, c = item(0, 100, 20), item(0, 5000, 25), item(0, 100, 26), item(0, 100, 27)
+    for it in (a, big, b, c):
+        assert s.channels["c"].offer(it, 0)
+    [first] = s.poll(0, free_slots=1).batches
+    assert first.items == [a, b]
+    [second] = s.poll(10 * MS, free_slots=1).batches
+    assert second.items == [c]
+
+
+def test_a_plan_that_fits_is_earliest_deadline_first_in_full_batches():
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=3, window_ms=0)}))
+    taught(s)
+    queued = [item(0, tokens, deadline) for tokens, deadline in ((900, 300), (50, 100), (400, 200), (10, 400))]
+    for it in queued:
+        assert s.channels["c"].offer(it, 0)
+    [batch] = s.poll(0, free_slots=1).batches
+    assert [it.tokens for it in batch.items] == [50, 400, 900]   # by deadline, not by size
+
+
+def test_a_planned_channel_is_not_refused_for_the_length_of_a_queue_its_plan_drops():
+    # A backlog of big requests the plan keeps dropping fills the queue faster than it drains; a
+    # small request would be served ahead of them, so the drain rate (depth / rate) must not refuse it.
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=1000,
+                                                        queue_limit=100_000)}))
+    taught(s)
+    channel = s.channels["c"]
+    channel.mean_tokens = 3000.0
+    assert channel.plans_by_size()
+    channel._backlogged_since, channel._lagging_at, channel._lagging_rate = 0, 0, 1e-9   # 1 request/s drains
+    for i in range(200):
+        assert channel.offer(item(0, 9000, 60_000), 0)
+    small = item(0, 50, 1000)
+    wait = s.channels["c"].backlog_ns(up_to_tokens=50)   # nothing queued is that small: no wait
+    assert wait == 0
+    assert channel.offer(small, MS, wait, channel.cost.estimate_ns(1, 50))
+
+
+def test_an_idle_realtime_channel_does_not_cap_the_standard_channels_batches():
+    channels = {"realtime": ChannelSettings(max_batch=8, window_ms=5, deadline_ms=60, priority=2),
+                "standard": ChannelSettings(max_batch=32, window_ms=0, deadline_ms=10_000, priority=1)}
+    s = Scheduler(build_channels(channels))
+    taught(s, "standard")
+    taught(s, "realtime")
+
+    def standard_batch(now_ms: float) -> int:
+        for _ in range(32):
+            assert s.submit(item(now_ms, 2000, 10_000, "standard"), int(now_ms * MS), 1, idle=True)
+        [batch] = s.poll(int(now_ms * MS), free_slots=1).batches
+        return len(batch.items)
+
+    # No urgent request seen: full batches of 32 (~88 ms each).
+    assert standard_batch(0) == 32
+    # Urgent traffic: a standard batch must leave a realtime request time to run within 60 ms.
+    assert s.submit(item(1000, 100, 60, "realtime"), 1000 * MS, 1, idle=True)
+    s.poll(1000 * MS, free_slots=1)
+    assert standard_batch(1001) < 32
+    # Ten seconds without an urgent request: full batches again.
+    s.channels["standard"].take_all([])
+    assert standard_batch(1001 + 10_000 + 1) == 32
