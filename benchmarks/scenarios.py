@@ -62,6 +62,13 @@ def channel(max_batch: int, window_ms: float, deadline_ms: float = 1000.0, queue
     return {"max_batch": max_batch, "window_ms": window_ms, "deadline_ms": deadline_ms, "queue_limit": queue_limit}
 
 
+def slo_channel(max_batch: int, deadline_ms: float, headroom: float = 0.85) -> dict[str, Any]:
+    """The documented throughput settings: the `slo` window, the channel's deadline (and window bound) = the SLO.
+    `headroom` 0 turns off its near-saturation rule (the eager small batches of before)."""
+    return {**channel(max_batch, deadline_ms, deadline_ms=deadline_ms),
+            "window": {"policy": "slo", "options": {"headroom": headroom}}}
+
+
 def all_scenarios() -> list[Scenario]:
     return [
         Scenario("sim-b32", f"SIMULATED accelerator ({SIM_BASE_MS:g} ms + {SIM_PER_ITEM_MS:g} ms/item), max_batch=32",
@@ -79,6 +86,21 @@ def all_scenarios() -> list[Scenario]:
         Scenario("minilm-b1", "MiniLM-L6 on CPU, max_batch=1", "minilm", {"minilm": MINILM},
                  channel(1, 0.0, deadline_ms=2000.0), slo_ms=500.0, start=40.0, factor=1.4, probes=4,
                  refine=2, inputs=TEXTS, cpu_threads=1, twin_of="minilm-b32"),
+        Scenario("sim-b32-slo", "SIMULATED accelerator, max_batch=32, slo window, deadline = SLO 100 ms",
+                 "sim", {"sim": SIMULATED}, slo_channel(SIM_BATCH, 100.0), slo_ms=100.0,
+                 start=0.85 * SIM_LIMIT, factor=1.04, probes=4, refine=2, ceiling=1.05 * SIM_LIMIT, limit=SIM_LIMIT),
+        Scenario("sim-b32-slo-eager", "same, slo's near-saturation rule off (headroom = 0)",
+                 "sim", {"sim": SIMULATED}, slo_channel(SIM_BATCH, 100.0, headroom=0.0), slo_ms=100.0,
+                 start=0.85 * SIM_LIMIT, factor=1.04, probes=4, refine=2, ceiling=1.05 * SIM_LIMIT, limit=SIM_LIMIT),
+        Scenario("minilm-b32-slo", "MiniLM-L6 on CPU, 1 thread, max_batch=32, slo window, deadline = SLO 250 ms",
+                 "minilm", {"minilm": MINILM}, slo_channel(32, 250.0), slo_ms=250.0, start=240.0, factor=1.08,
+                 probes=4, refine=2, inputs=TEXTS, cpu_threads=1),
+        Scenario("minilm-b32-slo-eager", "same, slo's near-saturation rule off (headroom = 0)",
+                 "minilm", {"minilm": MINILM}, slo_channel(32, 250.0, headroom=0.0), slo_ms=250.0, start=240.0,
+                 factor=1.08, probes=4, refine=2, inputs=TEXTS, cpu_threads=1),
+        Scenario("minilm-b32-slo50", "MiniLM-L6 on CPU, 1 thread, max_batch=32, slo window, deadline = SLO 50 ms",
+                 "minilm", {"minilm": MINILM}, slo_channel(32, 50.0), slo_ms=50.0, start=130.0, factor=1.1,
+                 probes=4, refine=2, inputs=TEXTS, cpu_threads=1),
         Scenario("noop-b64", "no-op model, max_batch=64 (the daemon's own cost)", "noop", {"noop": NOOP},
                  channel(64, 0.0, queue_limit=65536), slo_ms=50.0, start=12000.0, factor=1.3, probes=5,
                  refine=2, fixed_rates=[1000.0, 5000.0]),
