@@ -95,6 +95,7 @@ class Outcome:
     oom: bool = False
     simulated: bool = False
     problem: str | None = None     # the device answered in a way that cannot be split: all fail
+    prepare_ns: int = 0            # the worker's CPU stage before the device ran it (0: not measured)
 
 
 @dataclass(slots=True, eq=False)
@@ -132,6 +133,7 @@ class Device:
     held: dict[int, tuple[Batch, int]] = field(default_factory=dict)
     up: list[bool] = field(default_factory=lambda: [False])   # by feeder: its worker process serves
     feeder_of: dict[int, int] = field(default_factory=dict)   # held batch id -> the feeder it was sent to
+    prepare_ns: float = 0.0   # a feeder's CPU stage before a batch reaches the device, recently (decayed)
 
     def feeder_batches(self, feeder: int) -> list[int]:
         """The ids of the batches `feeder` holds, in the order sent (its first is running)."""
@@ -289,7 +291,7 @@ class Engine:
 
     def _views(self) -> list[DeviceView]:
         return [DeviceView(len(d.held), estimated_free_at(d.held.values(), lambda b, i=i: self._estimate(b, i)),
-                           d.usable and not d.exclusive, sum(d.up)) for i, d in enumerate(self.devices)]
+                           d.usable and not d.exclusive, sum(d.up), int(d.prepare_ns)) for i, d in enumerate(self.devices)]
 
     def step(self, now_ns: int) -> tuple[list[Dispatch], list[Answer]]:
         """One scheduling pass: answer the hopeless, fill every open device slot."""
@@ -334,7 +336,7 @@ class Engine:
         an idle device (every feeder idle) and runs there alone: if it kills its feeder too, it
         is certainly the cause."""
         exclusive = any(item.retries for item in batch.items)
-        choose = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0, v.feeders)
+        choose = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0, v.feeders, v.lead_ns)
                   for v in views] if exclusive else views
         index = pick_device(choose, now_ns, self.inflight, self.lead_ns, lambda i: self._estimate(batch, i))
         if index is None:
@@ -347,7 +349,7 @@ class Engine:
         device.held[batch.id] = (batch, now_ns)
         device.exclusive = exclusive
         device.stats.inflight = len(device.held)
-        views[index] = DeviceView(view.held + 1, end, view.usable and not exclusive, view.feeders)
+        views[index] = DeviceView(view.held + 1, end, view.usable and not exclusive, view.feeders, view.lead_ns)
         return index
 
     def _fit(self, batch: Batch, index: int) -> Batch:
@@ -466,6 +468,8 @@ class Engine:
         dev.stats.batches += 1
         dev.stats.items += n
         dev.stats.busy_ns += outcome.compute_ns
+        if outcome.prepare_ns:   # a pipelined feeder prepares the next batch while one runs: send it that early
+            dev.prepare_ns += 0.2 * (outcome.prepare_ns - dev.prepare_ns) if dev.prepare_ns else outcome.prepare_ns
         cost = self.channels[batch.channel].cost
         expected = cost.estimate_ns(n, batch.tokens)
         if expected > 0 and cost.samples >= 8:   # this device against a settled channel model, over ~20 batches
@@ -675,8 +679,8 @@ class Engine:
 
     def snapshot(self, now_ns: int) -> dict[str, Any]:
         return {"channels": self.scheduler.snapshot(now_ns),
-                "devices": [{**d.stats.snapshot(now_ns), "batch_limit": {"items": items, "tokens": tokens,
-                                                                         "source": self.limit_sources[i]}}
+                "devices": [{**d.stats.snapshot(now_ns), "cpu_stage_ms": round(d.prepare_ns / 1e6, 3),
+                             "batch_limit": {"items": items, "tokens": tokens, "source": self.limit_sources[i]}}
                             for i, (d, (items, tokens)) in enumerate(zip(self.devices, self.device_limits))],
                 "quarantined": len(self.quarantine),
                 "warmup_backlog": len(self.warmup_backlog)}

@@ -464,3 +464,20 @@ def test_a_suspect_gets_the_full_timeout_until_its_channel_has_learned_a_cost():
     timeout = 5_000 * MS
     assert e.overdue(2 * MS + 2 * 10**9, timeout) == []
     assert e.overdue(2 * MS + timeout + 1, timeout) == [(0, 0, timeout)]
+
+
+def test_a_feeder_that_reports_a_cpu_stage_gets_its_next_batch_that_much_before_the_device_frees():
+    # Batches of 4 take 20 ms on the device; the pipelined feeder spends 8 ms preparing each one first.
+    e, clients = engine(inflight=2, max_batch=4), Clients()
+    for i in range(8):
+        assert e.submit(job(f"warm{i}"), 0) is None
+    first, second = e.step(0)[0]
+    clients.take(e.completed(0, first.batch.id, Outcome(20 * MS, ["x"] * 4, prepare_ns=8 * MS), 20 * MS))
+    clients.take(e.completed(0, second.batch.id, Outcome(20 * MS, ["x"] * 4, prepare_ns=8 * MS), 40 * MS))
+    assert e.snapshot(40 * MS)["devices"][0]["cpu_stage_ms"] == 8.0
+    for i in range(8):
+        assert e.submit(job(f"r{i}"), 40 * MS) is None
+    (running,), _ = e.step(40 * MS)                   # the device is idle: one batch goes at once
+    assert e.step(51 * MS)[0] == []                   # running until ~60 ms: not yet 8 ms before its end
+    (queued,), _ = e.step(52 * MS)                    # 8 ms before: the next one goes, to be tokenised meanwhile
+    assert queued.batch.id != running.batch.id

@@ -87,3 +87,14 @@ def test_health_score_normalises_each_term_before_weighting():
     h = daemon_health(channels, {"rt": 200.0, "std": 1000.0}, [{"busy_fraction": 0.5}], memory_used=0.0)
     assert h["on_time"] == 0.99 and h["p99_over_deadline"] == 2.0
     assert h["score"] == round(0.4 * 0.99 + 0.3 * 0.5 + 0.2 * 0.5 + 0.1 * 1.0, 4)
+
+
+def test_a_device_whose_feeder_prepares_for_8_ms_opens_its_queued_slot_8_ms_early():
+    # A pipelined worker tokenises the next batch while one runs: it must get it that early.
+    plain = DeviceView(held=1, free_at_ns=100 * MS)
+    pipelined = DeviceView(held=1, free_at_ns=100 * MS, lead_ns=8 * MS)
+    assert open_slots([plain], 91 * MS, inflight=2, lead_ns=1 * MS) == (0, 0)
+    assert open_slots([pipelined], 91 * MS, inflight=2, lead_ns=1 * MS) == (0, 0)
+    assert open_slots([pipelined], 92 * MS, inflight=2, lead_ns=1 * MS) == (1, 8 * MS)
+    assert next_opening_ns([plain], 0, inflight=2, lead_ns=1 * MS) == 99 * MS
+    assert next_opening_ns([pipelined], 0, inflight=2, lead_ns=1 * MS) == 92 * MS

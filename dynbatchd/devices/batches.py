@@ -75,7 +75,7 @@ def decode_outcome(result: P.BatchResult, frames: list[bytes], n: int) -> Outcom
     (TensorRef, memoryview) for arrays and (value, None) for plain values."""
     problem = result_problem(result, frames, n)
     outcome = Outcome(result.compute_ns, errors=result.errors, rejected=result.rejected, oom=result.oom,
-                      simulated=result.simulated, problem=problem)
+                      simulated=result.simulated, problem=problem, prepare_ns=result.prepare_ns)
     if problem:
         return outcome
     if result.output is not None:

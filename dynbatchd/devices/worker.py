@@ -56,16 +56,17 @@ def _combine(run: Execution) -> np.ndarray | list[Any]:
     return [o.tolist() if isinstance(o, np.ndarray) else o for o in run.outputs]
 
 
-def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: bool) -> list[Any]:
+def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: bool,
+                  prepare_ns: int = 0) -> list[Any]:
     """BatchResult header plus frames: a stacked array travels as one raw frame, uncopied."""
     out = _combine(run)
     if isinstance(out, np.ndarray):
         header = P.BatchResult(batch_id, compute_ns, P.TensorRef(str(out.dtype), list(out.shape), 0),
-                               None, run.errors, run.oom, simulated, run.rejected)
+                               None, run.errors, run.oom, simulated, run.rejected, prepare_ns)
         return [P.encoder.encode(header), memoryview(out).cast("B")]
     try:
         return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, out, run.errors, run.oom, simulated,
-                                               run.rejected))]
+                                               run.rejected, prepare_ns))]
     except (TypeError, NotImplementedError, OverflowError) as exc:
         errors = {i: f"model output could not be encoded ({exc})" for i in range(len(out))}
         return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, None, errors, run.oom, simulated))]
@@ -120,7 +121,7 @@ def serve(endpoint: str, name: str) -> int:
     def send(done: Finished) -> None:
         # Wait until ZeroMQ has handed the result to the kernel before preparing another batch:
         # if a later batch kills this process, this result most likely reached the daemon already.
-        tracker = sock.send_multipart(encode_result(done.batch_id, done.run, done.compute_ns, done.simulated),
+        tracker = sock.send_multipart(encode_result(done.batch_id, done.run, done.compute_ns, done.simulated, done.prepare_ns),
                                       copy=False, track=True)
         try:
             tracker.wait(5.0)

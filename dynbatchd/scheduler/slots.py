@@ -10,7 +10,10 @@ not count. So a device fed by `feeders` processes holds up to
 `feeders + inflight - 1` batches (one per feeder, and `inflight - 1` queued
 behind them), and a slot opens at once while a feeder has nothing, so that
 feeder prepares its batch while the device runs another's. A further (queued)
-slot opens only when the work it holds is due to end within `lead_ns`.
+slot opens only when the work it holds is due to end within `lead_ns`, or
+within the device's own `lead_ns` where its feeders report a CPU stage before
+the device (a pipelined worker tokenises the next batch while one runs: it
+must have it that early, or the device waits for Python).
 Cutting a batch earlier would only make it smaller and then wait behind the
 running one anyway; cutting it `lead_ns` early still hides the time to
 assemble and send it.
@@ -31,6 +34,7 @@ class DeviceView:
     free_at_ns: int    # estimated end of everything it holds (<= now when idle)
     usable: bool = True
     feeders: int = 1   # its worker processes that are up: each takes a batch at once
+    lead_ns: int = 0   # its feeders' CPU stage before the device (a queued slot opens at least that early)
 
     def full(self, inflight: int) -> bool:
         """No slot at all: a batch for each feeder, and `inflight - 1` queued behind them."""
@@ -47,7 +51,7 @@ def estimated_free_at(held: Iterable[tuple[T, int]], estimate: Callable[[T], int
 
 
 def _opens_at(d: DeviceView, now_ns: int, lead_ns: int) -> int:
-    return now_ns if d.held < d.feeders else max(now_ns, d.free_at_ns - lead_ns)
+    return now_ns if d.held < d.feeders else max(now_ns, d.free_at_ns - max(lead_ns, d.lead_ns))
 
 
 def open_slots(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_ns: int) -> tuple[int, int]:
