@@ -533,7 +533,9 @@ class Engine:
         alone; a request that kills a feeder a second time is proven poison: answered, and its
         input quarantined. So is one that hung alone (the watchdog killed its feeder, see
         overdue()): it needs no second period to prove it. What was only waiting behind it is
-        requeued as it was. The device's other feeders keep what they hold and keep serving."""
+        requeued as it was. A feeder that pipelines (it reports a CPU stage) prepares its next
+        batch while one runs, so that one is a suspect too. The device's other feeders keep what
+        they hold and keep serving."""
         dev = self.devices[device]
         ids = dev.feeder_batches(feeder)   # in the order sent: the first was running
         held = [dev.held.pop(bid)[0] for bid in ids]
@@ -548,7 +550,8 @@ class Engine:
         answers: list[Answer] = []
         retry: list[Item] = []
         explained = False
-        running = held[0].items if held else []
+        suspects = held[:1] if hung or not dev.prepare_ns else held[:2]
+        running = [item for batch in suspects for item in batch.items]
         alone = hung and len(running) == 1
         for item in running:
             if item.retries < MAX_RETRIES and not alone:
@@ -563,7 +566,7 @@ class Engine:
             why = "hung while running this request alone" if alone else "died twice while running this request"
             self._fail(item, P.MODEL_ERROR, f"the worker for {dev.name} {why}; its input is quarantined",
                        now_ns, answers)
-        retry.extend(item for batch in held[1:] for item in batch.items)
+        retry.extend(item for batch in held[len(suspects):] for item in batch.items)
         if self.stopped:
             for item in retry:
                 self._fail(item, P.SHUTTING_DOWN, "daemon stopped while this request was running", now_ns, answers)

@@ -481,3 +481,21 @@ def test_a_feeder_that_reports_a_cpu_stage_gets_its_next_batch_that_much_before_
     assert e.step(51 * MS)[0] == []                   # running until ~60 ms: not yet 8 ms before its end
     (queued,), _ = e.step(52 * MS)                    # 8 ms before: the next one goes, to be tokenised meanwhile
     assert queued.batch.id != running.batch.id
+
+
+def test_a_pipelined_feeder_that_dies_makes_suspects_of_the_batch_it_was_preparing_too():
+    # A feeder that reports a CPU stage tokenises its next batch while one runs: an input that kills
+    # it there must be retried alone like the running ones, or it never gets proven poison.
+    e, clients = engine(inflight=2, max_batch=2), Clients()
+    for i in range(4):
+        assert e.submit(job(f"w{i}"), 0) is None
+    for d in e.step(0)[0]:
+        clients.take(e.completed(0, d.batch.id, Outcome(10 * MS, ["x"] * 2, prepare_ns=5 * MS), 10 * MS))
+    for i in range(6):
+        assert e.submit(job(f"r{i}"), 20 * MS) is None
+    running, = e.step(20 * MS)[0]
+    preparing, = e.step(25 * MS)[0]                     # its CPU stage (5 ms) before the running one ends
+    loss = e.lost(0, 26 * MS)
+    assert not loss.explained and not loss.answers
+    assert [item.retries for item in running.batch.items + preparing.batch.items] == [1, 1, 1, 1]
+    assert e.scheduler.depth() == 6                    # both batches back in the queue, each request to run alone
