@@ -1,12 +1,13 @@
 """Keeping long requests from starving when short ones are cheaper to serve.
 
-Under a backlog a channel fills batches shortest first (the most requests on
-time per unit of device time). Left alone, that serves a request of 10k
-tokens never while short ones keep coming. This ledger keeps, per channel,
-the device time the longest tenth of requests (by tokens, a running estimate
-of the 90th percentile) asked for and the device time they got, both decayed
-over the last ~`memory` requests; while they got less than `floor` of their
-share, batches take the long requests first (cheapest of them first).
+Under a backlog a channel plans its queue and drops the largest requests from
+the plan first (the most requests on time per unit of device time). Left
+alone, that could serve a request of 10k tokens never while short ones keep
+coming. This ledger keeps, per channel, the device time the longest tenth of
+requests (by tokens, a running estimate of the 90th percentile) asked for and
+the device time they got, both decayed over the last ~`memory` requests; while
+they got less than `floor` of their share, the plan drops short requests
+before long ones (`Channel._planned_first`).
 The memory is ~3000 requests (seconds of a burst): long requests served while
 the device kept up count toward the floor a burst later, so a burst does not
 owe for device time they already had.
