@@ -93,3 +93,30 @@ def test_an_idle_realtime_channel_does_not_cap_the_standard_channels_batches():
     # Ten seconds without an urgent request: full batches again.
     s.channels["standard"].take_all([])
     assert standard_batch(1001 + 10_000 + 1) == 32
+
+
+def test_refusing_a_request_past_the_peak_does_not_walk_the_queue():
+    # Past the peak most requests are refused; each refusal must cost a constant, not a pass over
+    # every queued request (that made answered requests fall as the offered rate rose).
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=64, window_ms=0, deadline_ms=50,
+                                                        queue_limit=65_536)}))
+    channel = s.channels["c"]
+    for _ in range(CostModel.SETTLED_AFTER):
+        channel.cost.observe(64, 0, 2 * MS, 0)        # no per-token cost: sizes do not matter here
+    assert not channel.plans_by_size()
+    accepted = 0
+    while s.submit(item(1, 0, 50), MS, 1, idle=False):
+        accepted += 1
+    assert 1000 < accepted < 2000                      # ~50 ms of 2 ms batches of 64 queued, then refused
+
+    class Counting(list):
+        reads = 0
+
+        def __iter__(self):
+            Counting.reads += 1
+            return super().__iter__()
+    for lane in channel.lanes.values():
+        lane.heap = Counting(lane.heap)
+    for _ in range(100):
+        assert not s.submit(item(1, 0, 50), MS, 1, idle=False)
+    assert Counting.reads == 0                          # no refusal read a lane's queue

@@ -94,8 +94,9 @@ class Scheduler:
                 ahead += other.backlog_ns()
         wait = (ahead + channel.backlog_ns()) // max(1, devices)
         run = channel.cost.estimate_ns(1, item.tokens)
-        if item.deadline_ns < now_ns + wait + run:
-            # Refusing is the rare path: look closer. A backlog serves shorter requests first.
+        if item.deadline_ns < now_ns + wait + run and channel.plans_by_size():
+            # Look closer where a backlog's plan serves smaller requests first (it drops the largest).
+            # Elsewhere refusing must stay cheap: past the peak most requests are refused.
             wait = (ahead + channel.backlog_ns(up_to_tokens=item.tokens)) // max(1, devices)
         return channel.offer(item, now_ns, wait, run)
 
