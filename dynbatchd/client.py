@@ -58,12 +58,13 @@ class ShuttingDown(DynbatchdError): code = P.SHUTTING_DOWN
 class Refused(DynbatchdError): code = P.REFUSED
 class Unavailable(DynbatchdError): code = P.UNAVAILABLE
 class Cancelled(DynbatchdError): code = P.CANCELLED
+class QuotaExceeded(DynbatchdError): code = P.QUOTA_EXCEEDED
 
 
 # The protocol's error codes (client-side conditions such as a timeout are not in it).
 ERRORS: dict[str, type[DynbatchdError]] = {c.code: c for c in (
     BadRequest, UnknownModel, Overloaded, DeadlineExceeded, ModelError, ShuttingDown, Refused, Unavailable,
-    Cancelled)}
+    Cancelled, QuotaExceeded)}
 
 
 @dataclass(frozen=True)

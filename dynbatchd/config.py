@@ -265,6 +265,7 @@ class TopUsersSettings(Frozen, kw_only=True):
     users: Annotated[int, Meta(ge=0, le=10_000_000)] = 50_000   # 0: nothing observed, nothing saved
     inputs_per_user: Annotated[int, Meta(ge=1, le=1024)] = 4
     save_every_s: Annotated[float, Meta(ge=1, le=86_400 * 7)] = 300.0
+    retain_days: Annotated[float, Meta(ge=0, le=3650)] = 7.0   # input texts kept this long (cache on only)
 
 
 class HttpSettings(Frozen, kw_only=True):
@@ -278,6 +279,28 @@ class HttpSettings(Frozen, kw_only=True):
     max_header_bytes: Annotated[int, Meta(ge=1024, le=1 << 20)] = 16_384    # a request's head; 431 beyond
     header_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0          # for a request's head; 408 then
     body_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0            # for its body, or its reply's sending
+    keys: bool = False       # API keys required: hashes in KEYS_DIR/http/ (dynbatchctl keygen --http NAME)
+    tls_cert: str = ""       # PEM certificate chain: HTTPS on the same listener (with tls_key)
+    tls_key: str = ""        # PEM private key of tls_cert
+
+
+Rate = Annotated[float, Meta(ge=0, le=1e9)]
+InFlight = Annotated[int, Meta(ge=0, le=MAX_QUEUE * 16)]
+
+
+class TenantQuota(Frozen, kw_only=True):
+    """One tenant's quotas ([quotas.tenants.NAME]); a key left out takes [quotas]'s default."""
+    rate: Rate | None = None
+    burst: Rate | None = None
+    inflight: InFlight | None = None
+
+
+class QuotaSettings(Frozen, kw_only=True):
+    """Per-tenant quotas (`dynbatchd.quotas`): each tenant's default, 0 being no limit, and overrides by name."""
+    rate: Rate = 0.0          # requests/s per tenant (a token bucket)
+    burst: Rate = 0.0         # the bucket's size; 0: one second of rate (at least 1)
+    inflight: InFlight = 0    # requests admitted and not yet answered, per tenant
+    tenants: dict[str, TenantQuota] = {}
 
 
 class Config(Frozen, kw_only=True):
@@ -290,6 +313,7 @@ class Config(Frozen, kw_only=True):
     cache: CacheSettings = CacheSettings()
     top_users: TopUsersSettings = TopUsersSettings()
     http: HttpSettings = HttpSettings()
+    quotas: QuotaSettings = QuotaSettings()
     plugins: dict[str, dict[str, Any]] = {}
     source: str = "<memory>"
 

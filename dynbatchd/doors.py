@@ -79,6 +79,10 @@ class LocalDoor:
     def max_request_bytes(self) -> int:
         return self._daemon.config.daemon.max_request_bytes
 
+    def retry_after(self, tenant: str | None) -> str:
+        """Retry-After for a request of `tenant` answered quota_exceeded: whole seconds, at least 1."""
+        return self._daemon.quotas.retry_after_header(tenant)
+
     def infer(self, request: P.Request) -> LocalAnswer:
         """Submit `request` as if it came in over ZeroMQ; the future gets its one answer."""
         self._seq += 1

@@ -24,8 +24,9 @@ SHUTTING_DOWN = "shutting_down"
 REFUSED = "refused"
 UNAVAILABLE = "unavailable"   # every device was given up: retrying here will not help, try another daemon
 CANCELLED = "cancelled"       # the client cancelled the request while it was still queued
+QUOTA_EXCEEDED = "quota_exceeded"   # its tenant is over its [quotas] rate or in-flight bound: retry later
 ERROR_CODES = (BAD_REQUEST, UNKNOWN_MODEL, OVERLOADED, DEADLINE_EXCEEDED, MODEL_ERROR,
-               SHUTTING_DOWN, REFUSED, UNAVAILABLE, CANCELLED)
+               SHUTTING_DOWN, REFUSED, UNAVAILABLE, CANCELLED, QUOTA_EXCEEDED)
 
 DTYPES = ("float32", "float16", "float64", "int64", "int32", "uint8", "bool")
 

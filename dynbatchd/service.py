@@ -39,6 +39,7 @@ from dynbatchd.memory import device_limits
 from dynbatchd.listeners import StartupError, bind
 from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
+from dynbatchd.quotas import Quotas
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import NvmlProbe
 from dynbatchd.tenancy import tenant_of_key
@@ -65,6 +66,7 @@ class Daemon(Operations):
         self.top_users = (TopUsers.load(self.top_users_path(), config.top_users.users,
                                         config.top_users.inputs_per_user) if config.top_users.users else None)
         self._top_users_saved = self.top_users.observed if self.top_users else 0
+        self.quotas = Quotas(config.quotas, clock)   # per tenant, before a request takes queue room
         self.devices = device_names(config.devices)
         channels = build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
@@ -193,6 +195,10 @@ class Daemon(Operations):
             if reason:
                 self._refuse(envelope, request.id, channel, tenant, ADMISSION_RULE, reason)
                 return
+        pending = Pending(envelope, request, frames)
+        if refusal := self.quotas.admit(config.quotas, tenant, pending):
+            self._reject(envelope, request.id, P.QUOTA_EXCEEDED, refusal)
+            return
         cache_key = rule = None
         if request.text is not None:
             if self.cache is not None:
@@ -202,13 +208,17 @@ class Daemon(Operations):
             if request.user is not None and self.top_users is not None and not settings.isolated:
                 self.top_users.observe(tenant, request.user, request.model, request.text)
         job = Job(request.model, channel, tokens, request.deadline_ms or settings.deadline_ms,
-                  Pending(envelope, request, frames), tenant, cache_key, rule)
+                  pending, tenant, cache_key, rule)
         answer = self.engine.submit(job, self.clock())
         if answer is not None:
             self._send((answer,))
         else:
             self._queued[(envelope[0], request.id)] = job
             self._schedule_pump()
+
+    def status(self) -> dict[str, Any]:
+        """Operations' status, and each tenant's quotas (the most active tenants)."""
+        return {**super().status(), "quotas": self.quotas.snapshot()}
 
     def _reject(self, envelope, request_id, code: str, message: str) -> None:
         if isinstance(envelope, LocalEnvelope):
@@ -225,6 +235,7 @@ class Daemon(Operations):
             if envelope is None:
                 continue
             queued.pop((envelope[0], request.id), None)
+            self.quotas.release(pending)   # its tenant's in-flight place, whatever the answer
             if isinstance(envelope, LocalEnvelope):
                 envelope.settle(answer)
             elif front is None:

@@ -44,9 +44,9 @@ from dynbatchd.hookspecs import hookimpl
 
 log = logging.getLogger(__name__)
 
-STATUS = {P.BAD_REQUEST: 400, P.REFUSED: 403, P.UNKNOWN_MODEL: 404, P.OVERLOADED: 429, P.CANCELLED: 499,
-          P.MODEL_ERROR: 500, P.UNAVAILABLE: 503, P.SHUTTING_DOWN: 503, P.DEADLINE_EXCEEDED: 504}
-RETRY_LATER = (P.OVERLOADED, P.SHUTTING_DOWN, P.UNAVAILABLE)
+STATUS = {P.BAD_REQUEST: 400, P.REFUSED: 403, P.UNKNOWN_MODEL: 404, P.OVERLOADED: 429, P.QUOTA_EXCEEDED: 429,
+          P.CANCELLED: 499, P.MODEL_ERROR: 500, P.UNAVAILABLE: 503, P.SHUTTING_DOWN: 503, P.DEADLINE_EXCEEDED: 504}
+RETRY_LATER = (P.OVERLOADED, P.SHUTTING_DOWN, P.UNAVAILABLE, P.QUOTA_EXCEEDED)
 V2_TYPES = {"float32": "FP32", "float64": "FP64", "float16": "FP16", "int64": "INT64", "int32": "INT32",
             "uint8": "UINT8", "bool": "BOOL"}
 FROM_V2 = {v: k for k, v in V2_TYPES.items()}
@@ -70,6 +70,7 @@ class HttpError(Exception):
         super().__init__(message)
         self.code, self.message = code, message
         self.status = status or STATUS.get(code, 500)
+        self.retry_after = "1"   # Retry-After (seconds) of a code in RETRY_LATER
 
 
 class ClientGone(Exception):
@@ -334,7 +335,7 @@ class HttpDoor:
     def _error(exc: HttpError, v2: bool) -> tuple[int, bytes, list]:
         """The error body of the protocol asked: KServe v2 has ``{"error": string}`` (its clients read
         a string; ``code`` rides beside it), OpenAI ``{"error": {"code", "message"}}``."""
-        headers = [("retry-after", "1")] if exc.code in RETRY_LATER else []
+        headers = [("retry-after", exc.retry_after)] if exc.code in RETRY_LATER else []
         body = ({"error": exc.message, "code": exc.code} if v2
                 else {"error": {"code": exc.code, "message": exc.message}})
         return exc.status, msgspec.json.encode(body), headers
@@ -372,6 +373,10 @@ class HttpDoor:
                 if future.done():   # refused at once (overloaded, refused, ...): withdraw the others now
                     self._check(future.result())
             return [output_array(self._check(await future)) for future in futures]
+        except HttpError as exc:
+            if exc.code == P.QUOTA_EXCEEDED:   # when its tenant's bucket holds a request again
+                exc.retry_after = self.api.retry_after(meta.get("tenant"))
+            raise
         finally:
             for future in futures:
                 if not future.done():
