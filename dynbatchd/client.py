@@ -461,16 +461,16 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: Curv
     with CURVE on; a refused handshake raises DynbatchdError (code ``refused``) at once, and so
     does nothing listening there (`NotRunning`, code ``not_running``).
     """
+    try:
+        request = P.encoder.encode({"cmd": cmd, "args": args})
+    except (OverflowError, TypeError) as exc:   # e.g. an integer msgpack cannot carry
+        raise DynbatchdError(f"cannot send {cmd}: {exc}", "bad_request") from None
     check_running(endpoint)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     monitor = None
     try:
-        try:
-            request = P.encoder.encode({"cmd": cmd, "args": args})
-        except (OverflowError, TypeError) as exc:   # e.g. an integer msgpack cannot carry
-            raise DynbatchdError(f"cannot send {cmd}: {exc}", "bad_request") from None
         if curve is not None and curve.apply(sock, endpoint):
             monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
         sock.connect(endpoint)

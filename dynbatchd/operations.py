@@ -1,5 +1,10 @@
 """What operators ask of a running daemon: status, metrics, tune and reload, a canary, warmup,
-stop and drain; and the records kept for them (the top-users sketch, the compliance audit).
+stop and drain; and the records kept for them (the top-users sketch, the compliance audit, the
+tuning drop-in of `dynbatchd.overrides`).
+
+Every change of a channel's settings (a tune, a canary, a reload) passes the one risk assessment
+of `dynbatchd.tuning.risk.assess_change`, run off the event loop, and is refused when risky
+unless forced; each tune, reload and canary verdict logs exactly one line.
 
 A mixin of `dynbatchd.service.Daemon`, kept apart from the request path: the
 control commands (`dynbatchd.control.commands`) and the metrics page call
@@ -22,12 +27,25 @@ from dynbatchd.devices.batches import Pending
 from dynbatchd.devices.observer import gpu_readings
 from dynbatchd.engine import Job
 from dynbatchd.metrics import render as render_metrics
+from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import daemon_health
 from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE
 from dynbatchd.validation import validate_config
 
 log = logging.getLogger("dynbatchd")
+
+
+class RiskRefused(Exception):
+    """A change the risk assessment refused (and nobody forced); `plan` is what it would have done."""
+
+    def __init__(self, reason: str, plan: dict[str, Any]):
+        super().__init__(reason)
+        self.plan = plan
+
+
+def _settings_text(values: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
 class Operations:
@@ -149,9 +167,22 @@ class Operations:
             "cache": {**self.cache.snapshot(), "warmup_backlog": snap["warmup_backlog"]} if self.cache is not None else None,
             "compliance": self.audit.snapshot(),
             "canary": self.canary_report(),
+            "overrides": self.overrides.describe(),
         }
 
     # -- canary -------------------------------------------------------------
+    async def start_canary_checked(self, channel: str, changes: dict[str, Any], share: float, seconds: float,
+                                   shadow: bool, *, by: str = "local", force: bool = False) -> dict[str, Any]:
+        """`start_canary` after the risk assessment, which refuses a risky candidate unless `force`."""
+        validate_config(cfgmod.with_channel(self.config, channel, **changes), self.plugins)   # before any assessment
+        verdict = (await self._assess({channel: changes}))[channel]
+        if not verdict.accepted and not force:
+            log.warning("canary of channel %s by %s refused: risk %s (force to run it anyway)", channel, by,
+                        verdict.verdict())
+            raise RiskRefused(verdict.reason, {"channel": channel, "risk": verdict.as_dict()})
+        self.canary_by[channel] = {"by": by, "risk": verdict.verdict(), "forced": force and not verdict.accepted}
+        return self.start_canary(channel, changes, share, seconds, shadow)
+
     def start_canary(self, channel: str, changes: dict[str, Any], share: float, seconds: float,
                      shadow: bool) -> dict[str, Any]:
         """Run `changes` on `share` of `channel`'s live traffic (copies of it with `shadow`) in a twin
@@ -168,9 +199,10 @@ class Operations:
         self.engine.start_split(channel, built, judge, shadow=shadow)
         self.canary_changes[channel] = dict(changes)
         self.canary_ends.pop(channel, None)
-        log.info("canary of channel %s started: %s on %.0f%% of its traffic%s for %.0f s", channel,
-                 ", ".join(f"{k}={v}" for k, v in changes.items()), 100 * share, " (shadow copies)" if shadow else "",
-                 seconds)
+        who = self.canary_by.setdefault(channel, {"by": "local", "risk": "not assessed", "forced": False})
+        log.info("canary of channel %s started by %s: %s on %.0f%% of its traffic%s for %.0f s (risk %s%s)", channel,
+                 who["by"], _settings_text(changes), 100 * share, " (shadow copies)" if shadow else "", seconds,
+                 who["risk"], "; forced" if who["forced"] else "")
         self._schedule_pump()
         return self.canary_report()
 
@@ -186,14 +218,18 @@ class Operations:
         return self.canary_report()
 
     def _canary_ended(self, split: Any) -> None:
-        """The judge's verdict (or a stop): a promotion becomes the channel's setting, as a tune
-        would make it (runtime only); a rollback leaves the incumbent as it runs."""
+        """The judge's verdict (or a stop): a promotion becomes the channel's setting as a tune
+        makes it (written to the drop-in); a rollback leaves the incumbent as it runs."""
         verdict, changes = split.verdict, self.canary_changes.pop(split.channel, {})
+        who = self.canary_by.pop(split.channel, {"by": "local", "risk": "not assessed", "forced": False})
         action = verdict.action
         if action == "promote":
             try:
-                self.apply_config(cfgmod.with_channel(self.config, split.channel, **changes))
-            except ConfigError as exc:   # the config changed under the canary (a reload): keep what runs
+                running = cfgmod.to_dict(self.config.channels[split.channel])
+                self._commit(split.channel, {k: running.get(k) for k in changes}, changes, source="canary",
+                             by=who["by"], why=f"canary promoted: {verdict.reason}", risk=who["risk"],
+                             forced=who["forced"])
+            except (ConfigError, OSError) as exc:   # the config changed under the canary, or the disk: keep what runs
                 action, verdict.reason = "rollback", f"promotion refused: {exc}"
         self.canary_ends[split.channel] = {"action": action, "reason": verdict.reason, "changes": changes,
                                            "shadow": split.shadow, **verdict.figures}
@@ -221,11 +257,7 @@ class Operations:
         """
         validate_config(new, self.plugins)
         old = self.config
-        if set(old.channels) != set(new.channels):
-            raise ConfigError(new.source, "channels", "adding or removing channels needs a restart; "
-                              "nothing was applied")
-        needs_restart = [key for key in ("daemon", "devices", "models", "cache")
-                         if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
+        needs_restart = self._needs_restart(new)
         rebuilt = build_channels(new.channels, self.plugins.window_policies(), self.plugins.batch_sizers())
         for name, settings in new.channels.items():   # a canary's twin keeps the candidate's settings
             self.engine.channels[name].retune(settings, rebuilt[name])
@@ -234,18 +266,193 @@ class Operations:
         self._schedule_pump()
         return needs_restart
 
-    def reload(self) -> list[str]:
-        if not self.config_path:
-            raise ConfigError(self.config.source, "", "daemon was started without a config file")
-        systemd.notify("RELOADING=1")
-        try:
-            return self.apply_config(cfgmod.load(self.config_path))
-        finally:
-            systemd.notify("READY=1")
+    def _needs_restart(self, new: Config) -> list[str]:
+        old = self.config
+        if set(old.channels) != set(new.channels):
+            raise ConfigError(new.source, "channels", "adding or removing channels needs a restart; "
+                              "nothing was applied")
+        return [key for key in ("daemon", "devices", "models", "cache")
+                if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
 
-    def _reload_from_signal(self) -> None:
+    # -- tuning that persists: the drop-in, tune, rollback, reload ------------------------
+    def init_tuning(self, config: Config) -> Config:
+        """At start: `config` (the file) with the drop-in of earlier tunes applied, checked by the
+        same rules as the file. A drop-in that no longer validates is refused with one log line
+        naming the key, and ignored: the daemon starts on the file alone."""
+        self.file_config = config
+        self.canary_by: dict[str, dict[str, Any]] = {}   # channel -> who started its canary, its risk
         try:
-            pending = self.reload()
-            log.info("configuration reloaded%s", f"; needs a restart to change: {', '.join(pending)}" if pending else "")
+            path = state_path(config.daemon, OVERRIDES_FILE)
+        except OSError as exc:
+            log.error("tuning drop-in unavailable (state directory %s: %s): tunes will not persist",
+                      config.daemon.state_dir, exc.strerror)
+            self.overrides = Overrides(None)
+            return config
+        try:
+            self.overrides = Overrides.load(path)
+        except ConfigError as exc:
+            log.error("tuning drop-in refused and ignored: %s", exc)
+            self.overrides = Overrides(path)
+            return config
+        try:
+            tuned = self.overrides.apply(config)
+            validate_config(tuned, self.plugins)
+        except ConfigError as exc:
+            log.error("tuning drop-in refused and ignored: %s: %s: %s", path, exc.key, exc.rule)
+            self.overrides.data.channels = {}   # its trail stays; the next tune rewrites the file
+            return config
+        if self.overrides.data.channels:
+            log.info("tuning drop-in %s applied: %s", path, ", ".join(
+                f"channels.{c}.{k}" for c, keys in self.overrides.data.channels.items() for k in keys))
+        return tuned
+
+    async def _assess(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """The risk assessment of each channel's `changes` (`tuning.risk.assess_change`), on what
+        this daemon observed; the simulations run in a thread, so requests keep flowing."""
+        from dynbatchd.tuning import risk   # the simulator only when asked
+
+        cfg, status, plugins = self.config, self.status(), self.plugins
+
+        def run() -> dict[str, Any]:
+            return {ch: risk.assess_change(cfg, status, ch, c, plugins) for ch, c in changes.items() if c}
+        return await asyncio.get_running_loop().run_in_executor(None, run)
+
+    def _commit(self, channel: str, before: dict[str, Any], after: dict[str, Any], **trail: Any) -> None:
+        """Record a change in the drop-in, write it, and run with it; nothing changes if either fails."""
+        overrides = self.overrides.copy()
+        overrides.record(channel, before, after, **trail)
+        self._adopt(overrides)
+
+    def _adopt(self, overrides: Overrides) -> None:
+        new = overrides.apply(self.file_config)
+        validate_config(new, self.plugins)
+        if overrides.path is None:
+            raise OSError(f"no state directory to keep the tuning drop-in in ({self.file_config.daemon.state_dir})")
+        overrides.save()
+        self.overrides = overrides
+        self.apply_config(new)
+
+    async def tune(self, channel: str, changes: dict[str, Any], *, by: str = "local", why: str = "",
+                   force: bool = False, dry_run: bool = False) -> dict[str, Any]:
+        """Change `channel`'s settings after the risk assessment (refused when risky unless `force`)
+        and keep the change in the drop-in. `dry_run`: only say what would change and the verdict."""
+        candidate = cfgmod.with_channel(self.config, channel, **changes)
+        validate_config(candidate, self.plugins)   # before any assessment
+        running, wanted = cfgmod.to_dict(self.config.channels[channel]), cfgmod.to_dict(candidate.channels[channel])
+        before, changes = {k: running.get(k) for k in changes}, {k: wanted.get(k) for k in changes}
+        verdict = (await self._assess({channel: changes}))[channel]
+        plan = {"channel": channel, "before": before, "after": dict(changes), "risk": verdict.as_dict(),
+                "verdict": verdict.verdict(), "applied": False}
+        if dry_run:
+            return plan
+        forced = force and not verdict.accepted
+        if not verdict.accepted and not force:
+            log.warning("tune of channel %s by %s refused: risk %s (force to apply it anyway)", channel, by,
+                        verdict.verdict())
+            raise RiskRefused(verdict.reason, plan)
+        self._commit(channel, before, changes, by=by, why=why or "set by hand", risk=verdict.verdict(),
+                     forced=forced, source="tune")
+        log.info("tune of channel %s by %s: %s -> %s (risk %s%s)", channel, by, _settings_text(before),
+                 _settings_text(changes), verdict.verdict(), "; FORCED" if forced else "")
+        return {**plan, "applied": True, "forced": forced, "settings": cfgmod.to_dict(self.config.channels[channel])}
+
+    def rollback(self, channel: str, *, by: str = "local") -> dict[str, Any]:
+        """One step back: undo `channel`'s last change still in force (LookupError when none)."""
+        overrides = self.overrides.copy()
+        change = overrides.rollback(channel, self.file_config, by=by)
+        if change is None:
+            raise LookupError(channel)
+        self._adopt(overrides)
+        log.info("tune of channel %s by %s: rollback to %s (%s)", channel, by, _settings_text(change.after), change.why)
+        return {"channel": channel, "before": change.before, "after": change.after, "applied": True,
+                "settings": cfgmod.to_dict(self.config.channels[channel])}
+
+    async def reload(self, *, by: str = "local", force: bool = False, dry_run: bool = False,
+                     config: Config | None = None) -> dict[str, Any]:
+        """Re-read the config file (or check `config` with `dry_run`) and run it with the drop-in on
+        top: a key the file changed drops its override (the file wins). Each channel it changes is
+        risk-assessed; a risky reload is refused unless `force`. Logs exactly one line, whatever the
+        outcome, plus one naming the overrides the file took over."""
+        word = "checked" if dry_run else "reloaded"
+        if not dry_run:
+            systemd.notify("RELOADING=1")
+        try:
+            plan, new_file, overrides, effective = await self._plan_reload(config)
+            refused = {ch: v["reason"] for ch, v in plan["risk"].items() if not v["accepted"]}
+            if dry_run:
+                log.info("configuration checked by %s (dry run): %s", by, self._reload_text(plan, refused))
+                return plan
+            if refused and not force:
+                raise RiskRefused("; ".join(f"channel {ch}: {why}" for ch, why in refused.items()), plan)
+            if plan["dropped_overrides"]:
+                overrides.save()
+            plan["needs_restart"] = self.apply_config(effective)
+            self.file_config, self.overrides = new_file, overrides
         except ConfigError as exc:
             log.error("reload refused, keeping the running configuration: %s", exc)
+            raise
+        except RiskRefused as exc:
+            log.warning("reload by %s refused, keeping the running configuration: risk refused %s "
+                        "(dynbatchctl reload --force applies it anyway)", by, exc)
+            raise
+        except OSError as exc:
+            log.error("reload refused, keeping the running configuration: tuning drop-in: %s", exc)
+            raise ConfigError(str(overrides.path), "", f"cannot write: {exc.strerror or exc}") from None
+        finally:
+            if not dry_run:
+                systemd.notify("READY=1")
+        plan["applied"] = True
+        log.info("configuration %s by %s: %s%s", word, by, self._reload_text(plan, refused),
+                 "; FORCED past the risk assessment" if refused else "")
+        if plan["dropped_overrides"]:
+            log.info("tuning overrides dropped, the config file changed them: %s", ", ".join(plan["dropped_overrides"]))
+        return plan
+
+    async def _plan_reload(self, config: Config | None) -> tuple[dict[str, Any], Config, Overrides, Config]:
+        if config is None:
+            if not self.config_path:
+                raise ConfigError(self.config.source, "", "daemon was started without a config file")
+            config = cfgmod.load(self.config_path)
+        validate_config(config, self.plugins)
+        overrides = self.overrides.copy()
+        dropped = overrides.reconcile(self.file_config, config)
+        try:
+            effective = overrides.apply(config)
+            validate_config(effective, self.plugins)
+        except ConfigError as exc:   # an override no longer fits the new file (e.g. a shorter deadline)
+            channel = exc.key.split(".")[1] if exc.key.startswith("channels.") else None
+            if channel is None:
+                raise
+            dropped += overrides.drop_channel(channel)
+            effective = overrides.apply(config)
+            validate_config(effective, self.plugins)
+        needs_restart = self._needs_restart(effective)
+        changes = {}
+        for name, now in self.config.channels.items():
+            old, new = cfgmod.to_dict(now), cfgmod.to_dict(effective.channels[name])
+            changes[name] = {k: new[k] for k in new if new[k] != old[k]}
+        verdicts = await self._assess(changes)
+        plan = {"needs_restart": needs_restart, "dropped_overrides": dropped, "applied": False,
+                "changes": {ch: {k: [cfgmod.to_dict(self.config.channels[ch])[k], v] for k, v in c.items()}
+                            for ch, c in changes.items() if c},
+                "risk": {ch: v.as_dict() for ch, v in verdicts.items()}}
+        return plan, config, overrides, effective
+
+    @staticmethod
+    def _reload_text(plan: dict[str, Any], refused: dict[str, str]) -> str:
+        changed = [f"channels.{ch}.{k} {a} -> {b}" for ch, c in plan["changes"].items() for k, (a, b) in c.items()]
+        text = ", ".join(changed) or "no channel setting changed"
+        if plan["needs_restart"]:
+            text += f"; needs a restart to change: {', '.join(plan['needs_restart'])}"
+        if refused:
+            text += "; risk refused " + "; ".join(f"channel {ch}: {why}" for ch, why in refused.items())
+        return text
+
+    def _reload_from_signal(self) -> None:
+        """SIGHUP: the reload runs as a task (its risk assessment takes a moment); it logs its line."""
+        async def run() -> None:
+            try:
+                await self.reload(by="SIGHUP")
+            except (ConfigError, RiskRefused):
+                pass   # already logged, in one line
+        asyncio.ensure_future(run())

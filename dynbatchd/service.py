@@ -58,6 +58,7 @@ class Daemon(Operations):
         self.config = config
         self.config_path = config_path
         self.plugins = plugins
+        config = self.config = self.init_tuning(config)   # the config file, then the tuning drop-in
         self.clock = clock
         self.started_ns = clock()
         self.state = "starting"

@@ -60,6 +60,7 @@ def embedding(monkeypatch):
     vector /= np.linalg.norm(vector)
     monkeypatch.setattr(FakeClient, "output", vector)
     monkeypatch.setattr(ctl, "Client", FakeClient)
+    monkeypatch.setattr(ctl, "check_running", lambda endpoint: None)   # the fake needs no listener
     return vector
 
 
@@ -82,6 +83,7 @@ def test_infer_json_still_prints_every_value(embedding):
 def test_infer_prints_a_short_output_as_is(monkeypatch):
     monkeypatch.setattr(FakeClient, "output", ["echo"])
     monkeypatch.setattr(ctl, "Client", FakeClient)
+    monkeypatch.setattr(ctl, "check_running", lambda endpoint: None)   # the fake needs no listener
     result = invoke("infer", "echo", "hi")
     assert result.exit_code == 0 and "['echo']" in result.output
 

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from dynbatchd import config as cfgmod
 from dynbatchd.cli import dynbatchctl as ctl
+from dynbatchd.client import DynbatchdError
 
 SHIPPED = Path(__file__).resolve().parent.parent / "etc" / "dynbatchd.toml"
 runner = CliRunner()
@@ -21,7 +22,7 @@ class FakeDaemon:
 
     def __init__(self, rate: float = 600.0, samples: int = 50):
         self.cfg = cfgmod.with_channel(cfgmod.load(SHIPPED), "standard", max_batch=4, window_ms=10.0)
-        self.rate, self.samples, self.tunes = rate, samples, []
+        self.rate, self.samples, self.tunes, self.earlier = rate, samples, [], []
 
     def __call__(self, endpoint, cmd, **args):
         if cmd == "status":
@@ -38,8 +39,16 @@ class FakeDaemon:
         if cmd == "tune":
             self.tunes.append(args)
             channel = args.pop("channel")
-            self.cfg = cfgmod.with_channel(self.cfg, channel, **args)
-            return cfgmod.to_dict(self.cfg.channels[channel])
+            for flag in ("force", "why"):
+                args.pop(flag, None)
+            if args.pop("rollback", False):   # one step back, as the daemon's drop-in does
+                if not self.earlier:
+                    raise DynbatchdError("no change of channel 'standard' to roll back; nothing to restore")
+                self.cfg = self.earlier.pop()
+            else:
+                self.earlier.append(self.cfg)
+                self.cfg = cfgmod.with_channel(self.cfg, channel, **args)
+            return {"settings": cfgmod.to_dict(self.cfg.channels[channel]), "verdict": "accepted: (fake)"}
         raise AssertionError(cmd)
 
 

@@ -70,6 +70,10 @@ def test_tune_auto_promotes_on_a_live_daemon_and_rollback_restores(tmp_path):
         assert report["outcome"] == "promoted", report
         running = daemon.call("config")["channels"]["standard"]
         assert running["max_batch"] == report["candidate"]["max_batch"] > 2
+        drop_in = (tmp_path / "state" / "overrides.toml").read_text()   # the promotion persists
+        assert 'source = "canary"' in drop_in and f"max_batch = {{ value = {running['max_batch']}," in drop_in
+        assert daemon.status()["overrides"]["standard"]["max_batch"]["value"] == running["max_batch"]
+        assert sum("canary of channel standard ended" in line for line in daemon.log_lines()) == 1
         history = json.loads(invoke("tune", "--history", "standard", "--json").output)
         assert [s["step"] for s in history] == ["proposal", "risk", "canary", "promote"]
         assert invoke("tune", "--rollback", "standard").exit_code == 0

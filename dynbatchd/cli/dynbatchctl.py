@@ -32,11 +32,14 @@ from dynbatchd.cli.recommend import recommend
 from dynbatchd.cli.simulate import simulate
 from dynbatchd.cli.tune import tune
 from dynbatchd.cli.warmup import follow, warmed
-from dynbatchd.client import Client, CurveKeys, DynbatchdError, control_call
+from dynbatchd.client import Client, CurveKeys, DynbatchdError, NotRunning, check_running, control_call
 
 out = Console()
 # soft_wrap: an error is one line however narrow the terminal, never broken mid-sentence.
 err = Console(stderr=True, soft_wrap=True)
+
+
+NOT_RUNNING = 3   # exit status: nothing listens at the daemon's address (see dynbatchctl(1))
 
 
 def fail(message: str, code: int) -> typer.Exit:
@@ -173,7 +176,12 @@ def _control(ctx: typer.Context, cmd: str, **args: Any) -> Any:
     try:
         return control_call(ctx.obj.control, cmd, **ctx.obj.curve_args(ctx.obj.control), **args)
     except DynbatchdError as exc:
-        raise fail(str(exc), 1) from None
+        raise fail(str(exc), exit_code(exc)) from None
+
+
+def exit_code(exc: DynbatchdError) -> int:
+    """NOT_RUNNING (3) when the daemon is not there at all, else 1."""
+    return NOT_RUNNING if isinstance(exc, NotRunning) else 1
 
 
 def _emit_json(data: Any) -> None:
@@ -207,6 +215,10 @@ def infer(ctx: typer.Context, model: str, text: str,
           timeout: float = typer.Option(60.0, help="Seconds to wait for the answer."),
           as_json: bool = JsonOption) -> None:
     """Send one text to MODEL and print its output (a long vector summarised) with the timing."""
+    try:
+        check_running(ctx.obj.endpoint)
+    except NotRunning as exc:
+        raise fail(str(exc), NOT_RUNNING) from None
     client = Client(ctx.obj.endpoint, timeout=timeout, **ctx.obj.curve_args(ctx.obj.endpoint))
     try:
         result = client.infer_result(model, text, tags=tag, deadline_ms=deadline_ms, request_type=request_type,
@@ -263,10 +275,8 @@ CHANNEL_COLUMNS: list[tuple[str, int, Any]] = [
 DEVICE_COLUMNS: list[tuple[str, int, Any]] = [
     ("device", 0, lambda w: w["device"] + (" (simulated)" if w["simulated"] else "")),
     ("where", 3, lambda w: f"{w['node']} actor {w['actor'][:12]}" if w.get("node") else "local"),
-    ("pid", 5, lambda w: " ".join(str(f["pid"]) for f in w["workers"]) if len(w.get("workers", ())) > 1
-     else str(w["pid"])),   # several feeders ([devices] workers_per_device): each one's pid
-    ("state", 1, lambda w: w["state"] + (f" ({sum(f['state'] == 'ready' for f in w['workers'])}/{len(w['workers'])} "
-                                         "workers)" if len(w.get("workers", ())) > 1 else "")),
+    ("pid", 5, lambda w: str(w["pid"])),
+    ("state", 1, lambda w: w["state"]),
     ("in flight", 3, lambda w: str(w["inflight"])),
     ("batches", 4, lambda w: str(w["batches"])),
     ("items", 5, lambda w: str(w["items"])),
@@ -336,11 +346,32 @@ def status_view(data: dict[str, Any], console: Console | None = None, wide: bool
                           f"{c['seconds']:.0f}/{c['duration_s']:g} s; on time: candidate "
                           f"{_pct(c['candidate']['on_time'])} of {c['candidate']['answered']}, running setting "
                           f"{_pct(c['incumbent']['on_time'])} of {c['incumbent']['answered']}"))
+    parts += [Text(line) for line in overrides_lines(data.get("overrides") or {})]
     if data.get("cache"):
         c = data["cache"]
         parts.append(Text(f"cache: {c['entries']}/{c['capacity']} entries, hit rate {_pct(c['hit_rate'])}, "
                           f"warmup backlog {c['warmup_backlog']}"))
     return Group(*parts)
+
+
+def overrides_lines(overrides: dict[str, dict[str, Any]]) -> list[str]:
+    """`tuned standard: max_batch=8, window_ms=20 (by local since 2025-01-02 03:04 UTC)`: the keys
+    the tuning drop-in overrides, one line per channel and author."""
+    lines = []
+    for channel, keys in overrides.items():
+        groups: dict[tuple[str, str], list[str]] = {}
+        for key, o in keys.items():
+            when = str(o["since"])[:16].replace("T", " ")
+            groups.setdefault((o["by"], when), []).append(f"{key}={_value_text(o['value'])}")
+        for (by, when), settings in groups.items():
+            lines.append(f"tuned {channel}: {', '.join(settings)} (by {by} since {when} UTC)")
+    return lines
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, dict):
+        return value.get("policy", "fixed") if value else "fixed"
+    return "fixed" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def compliance_view(summary: dict[str, Any]) -> Group:
@@ -430,16 +461,78 @@ def plugins(ctx: typer.Context, as_json: bool = JsonOption) -> None:
         out.print(f"[red]broken plugin {escape(name)}:[/red] {escape(why)}", highlight=False)
 
 
+ForceOption = typer.Option(False, "--force", help="Apply the change even if the risk assessment refuses "
+                                                  "it (the daemon logs that it was forced).")
+DryRunOption = typer.Option(False, "--dry-run", help="Print what would change and the risk verdict; "
+                                                     "change nothing.")
+
+
 @app.command()
-def reload(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help='Print {"needs_restart": [...]}.')
-           ) -> None:
-    """Re-read the daemon's config file (same as SIGHUP); a refused file leaves the old one running."""
-    data = _control(ctx, "reload")
+def reload(ctx: typer.Context, force: bool = ForceOption, dry_run: bool = DryRunOption,
+           as_json: bool = typer.Option(False, "--json", help='Print {"needs_restart": [...], "changes": ..., '
+                                                              '"risk": ...}.')) -> None:
+    """Re-read the daemon's config file (same as SIGHUP), with the tuning drop-in on top; a refused
+    file, or a risky one without --force, leaves the running configuration as it is."""
+    data = _control(ctx, "reload", **({"force": True} if force else {}), **({"dry_run": True} if dry_run else {}))
     if as_json:
         _emit_json(data)
         return
+    print_plan(data)
     pending = data["needs_restart"]
-    out.print("reloaded" + (f"; restart needed to change: {', '.join(pending)}" if pending else ""), highlight=False)
+    word = "reloaded" if data.get("applied", True) else "dry run, nothing changed"
+    out.print(word + (f"; restart needed to change: {', '.join(pending)}" if pending else ""), highlight=False)
+
+
+def print_plan(data: dict[str, Any]) -> None:
+    """What a reload (or a checked file) changes, each channel's risk verdict, the overrides it drops."""
+    for channel, keys in (data.get("changes") or {}).items():
+        changed = ", ".join(f"{k} {_value_text(a)} -> {_value_text(b)}" for k, (a, b) in keys.items())
+        out.print(f"channel {channel}: {changed}", highlight=False, markup=False)
+        verdict = (data.get("risk") or {}).get(channel)
+        if verdict:
+            word = ("risk accepted" if verdict["accepted"] else "RISK REFUSED") if verdict.get("assessed", True) \
+                else "risk"
+            out.print(f"  {word}: {verdict['reason']}", highlight=False, markup=False)
+    for key in data.get("dropped_overrides") or ():
+        out.print(f"override of {key} dropped: the config file changed it", highlight=False, markup=False)
+
+
+@app.command("check-config")
+def check_config(ctx: typer.Context,
+                 path: Optional[Path] = typer.Argument(None, help="Config file (default: the one the daemon "
+                                                                  "reads, from the search order)."),
+                 risk: bool = typer.Option(False, "--risk", help="Also ask the running daemon for the risk of "
+                                           "the channel changes this file makes, on its observed traffic."),
+                 as_json: bool = JsonOption) -> None:
+    """Check a config file as the daemon would load it; with --risk, what a reload to it would change
+    and the risk verdict of each change (nothing is changed). Exits 1 when the risk is refused."""
+    from dynbatchd.plugins import Plugins
+    from dynbatchd.validation import validate_config
+
+    found = cfgmod.find_config(path or ctx.obj.config)
+    if found is None:
+        raise fail(f"no config file found (searched {cfgmod.search_order_text()})", 2)
+    try:
+        cfg = cfgmod.load(found)
+        validate_config(cfg, Plugins.load())
+    except cfgmod.ConfigError as exc:
+        raise fail(str(exc), 2) from None
+    data: dict[str, Any] = {"file": str(found), "ok": True}
+    if risk:
+        raw = cfgmod.to_dict(cfg)
+        raw.pop("source", None)
+        data.update(_control(ctx, "reload", dry_run=True, config=raw))
+    refused = [ch for ch, v in (data.get("risk") or {}).items() if not v["accepted"]]
+    if as_json:
+        _emit_json(data)
+    else:
+        out.print(f"ok {found}: {len(cfg.channels)} channels, {len(cfg.models)} models", highlight=False, markup=False)
+        if risk:
+            print_plan(data)
+            if not data.get("changes"):
+                out.print("no channel setting differs from what the daemon runs", highlight=False)
+    if refused:
+        raise typer.Exit(1)
 
 
 @app.command("config")

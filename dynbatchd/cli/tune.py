@@ -10,11 +10,15 @@ of the channel's live traffic (``--canary live``, the default), on copies of
 it whose results are discarded (``--canary shadow``), or on the simulator
 replaying the channel's traffic (``--canary replay``). A live canary that
 the daemon judges bad is rolled back by the daemon itself, even if this
-command is gone. ``--history`` shows every step,
-``--rollback CHANNEL`` restores the settings before the last change. Every
-predicted figure (and a replayed canary's) is SIMULATED. Applied settings are runtime-only, like a
-manual tune: the config file stays the one source of truth, and the history
-prints what to write into it.
+command is gone. ``--history`` shows every step. Every predicted figure (and
+a replayed canary's) is SIMULATED.
+
+Whatever changes a channel (a manual tune, a promotion) the daemon checks with
+the same risk assessment (``--dry-run`` prints it and changes nothing,
+``--force`` applies a refused change, logged as forced) and writes to its
+tuning drop-in (STATE_DIR/overrides.toml), so it survives reload and restart;
+``--rollback CHANNEL`` takes the last change back, one step at a time, down to
+the config file's value.
 """
 
 from __future__ import annotations
@@ -59,7 +63,7 @@ def _call(ctx: typer.Context, cmd: str, **args: Any) -> Any:
     try:
         return dynbatchctl.control_call(ctx.obj.control, cmd, **ctx.obj.curve_args(ctx.obj.control), **args)
     except DynbatchdError as exc:
-        raise fail(str(exc), 1) from None
+        raise fail(str(exc), dynbatchctl.exit_code(exc)) from None
 
 
 def _channel_now(ctx: typer.Context, channel: str) -> dict[str, Any] | None:
@@ -145,15 +149,20 @@ def tune(ctx: typer.Context,
                                            "its start and end; 0: the daemon's rate meter)."),
          show_history: bool = typer.Option(False, "--history", help="Show the tuning history (of CHANNEL, "
                                            "else of all) instead of changing anything."),
-         rollback: bool = typer.Option(False, "--rollback", help="Restore CHANNEL's settings from before "
-                                       "its last change (promoted, manual or restored)."),
+         rollback: bool = typer.Option(False, "--rollback", help="Take back CHANNEL's last change (manual or "
+                                       "promoted): one step back, down to the config file's value."),
+         force: bool = typer.Option(False, "--force", help="Apply a setting even if the risk assessment refuses "
+                                    "it (the daemon logs that it was forced)."),
+         dry_run: bool = typer.Option(False, "--dry-run", help="Print what the setting would change and the "
+                                      "risk verdict; change nothing."),
          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of text.")) -> None:
-    """Change a channel's batching at run time, or tune it with --auto (checked like a config file;
-    not saved to disk).
+    """Change a channel's batching at run time, or tune it with --auto (checked like a config file
+    and by the risk assessment; kept in the daemon's tuning drop-in across reload and restart).
 
     \b
     Examples:
       dynbatchctl tune realtime --window-ms 20 --max-batch 8
+      dynbatchctl tune realtime --window-ms 20 --dry-run
       dynbatchctl tune --auto standard
       dynbatchctl tune --auto standard --candidate max_batch=64,window_ms=900
       dynbatchctl tune --history
@@ -189,15 +198,35 @@ def tune(ctx: typer.Context,
         cfgmod.check_channel_values(channel, changes)
     except cfgmod.ConfigError as exc:
         raise fail(f"refused: {exc.key}: {exc.rule}", 2) from None
+    if dry_run:
+        return _dry_run(ctx, channel, changes, as_json)
     before = _channel_now(ctx, channel)
-    data = _call(ctx, "tune", channel=channel, **changes)
+    data = _call(ctx, "tune", channel=channel, **changes, **({"force": True} if force else {}))
+    settings = data.get("settings", data)   # (a daemon before the drop-in answered the settings alone)
     _note(ctx, channel, "manual", "set by hand: " + ", ".join(f"{k}={v}" for k, v in changes.items()),
-          before=before, after=_loop_settings(data))
+          before=before, after=_loop_settings(settings))
+    if as_json:
+        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        return
+    out.print(f"channel [bold]{escape(channel)}[/bold] now: " + ", ".join(f"{k}={settings[k]}" for k in changes),
+              highlight=False)
+    if data.get("verdict"):
+        out.print(("[yellow]FORCED[/yellow] past the risk assessment: " if data.get("forced") else "risk: ")
+                  + escape(data["verdict"]), highlight=False, soft_wrap=True)
+
+
+def _dry_run(ctx: typer.Context, channel: str, changes: dict[str, Any], as_json: bool) -> None:
+    """`tune CHANNEL ... --dry-run`: the daemon's plan and risk verdict; nothing changes. Exit 1 when refused."""
+    data = _call(ctx, "tune", channel=channel, dry_run=True, **changes)
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
-        out.print(f"channel [bold]{escape(channel)}[/bold] now: " + ", ".join(f"{k}={data[k]}" for k in changes),
-                  highlight=False)
+        out.print(f"channel [bold]{escape(channel)}[/bold] would change: " + ", ".join(
+            f"{k} {data['before'].get(k)} -> {v}" for k, v in data["after"].items()) + " (dry run: nothing changed)",
+            highlight=False, soft_wrap=True)
+        out.print(f"risk {escape(data['verdict'])}", highlight=False, soft_wrap=True)
+    if not data["risk"]["accepted"]:
+        raise typer.Exit(1)
 
 
 def _note(ctx: typer.Context, channel: str, step: str, reason: str, **kw: Any) -> None:
@@ -230,18 +259,17 @@ def _show_history(ctx: typer.Context, channel: str | None, as_json: bool) -> Non
 
 
 def _rollback(ctx: typer.Context, channel: str, as_json: bool) -> None:
-    with _database(ctx) as db:
-        previous = history.previous_settings(db, channel)
-    if previous is None:
-        raise fail(f"no earlier settings of channel {channel!r} in the tuning history; nothing to restore", 1)
+    """One step back, by the daemon from its drop-in (which knows every change, whoever made it)."""
     before = _channel_now(ctx, channel)
-    data = _call(ctx, "tune", channel=channel, **{k: v for k, v in previous.items() if k in LOOP_KEYS})
-    _note(ctx, channel, "restore", "restored by tune --rollback", before=before, after=_loop_settings(data))
+    data = _call(ctx, "tune", channel=channel, rollback=True)
+    settings = data.get("settings", data)
+    _note(ctx, channel, "restore", "restored by tune --rollback", before=before, after=_loop_settings(settings))
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
+        restored = data.get("after") or {k: settings.get(k) for k in LOOP_KEYS}
         out.print(f"channel [bold]{escape(channel)}[/bold] restored: "
-                  + ", ".join(f"{k}={data.get(k)}" for k in LOOP_KEYS), highlight=False, soft_wrap=True)
+                  + ", ".join(f"{k}={v}" for k, v in restored.items()), highlight=False, soft_wrap=True)
 
 
 # -- the loop ---------------------------------------------------------------------
@@ -337,7 +365,7 @@ def _tune_one(ctx: typer.Context, cfg: cfgmod.Config, status: dict[str, Any], na
         _note(ctx, name, "rollback", reason, before=chosen.as_dict(), after=incumbent.as_dict())
         return {**report, "outcome": "rolled_back", "reason": reason}
     if opts["canary"] == "replay":   # a live canary's promotion is the daemon's own
-        _call(ctx, "tune", channel=name, **changes)
+        _call(ctx, "tune", channel=name, force=True, why=f"promoted by tune --auto: {reason}", **changes)
     _note(ctx, name, "promote", reason, before=before, after=_channel_now(ctx, name), figures=report["canary"])
     return {**report, "outcome": "promoted", "reason": reason}
 
@@ -345,8 +373,10 @@ def _tune_one(ctx: typer.Context, cfg: cfgmod.Config, status: dict[str, Any], na
 def _live_canary(ctx: typer.Context, name: str, changes: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
     """Start the canary in the daemon and follow it to its verdict (the daemon promotes or rolls back
     by itself; Ctrl-C here stops it as a rollback)."""
+    # force: the loop has just assessed this candidate on the window it measured; the daemon assesses
+    # it again for its log and the drop-in's trail, and says so if it would have refused it
     _call(ctx, "canary", action="start", channel=name, share=opts["share"], seconds=opts["seconds"],
-          shadow=opts["canary"] == "shadow", **changes)
+          shadow=opts["canary"] == "shadow", force=True, **changes)
     give_up = time.monotonic() + opts["seconds"] + 60   # the judge ends it on time; this is a backstop
     try:
         with err.status(f"canary of {escape(name)}: {100 * opts['share']:g}% of its live traffic for "
@@ -424,5 +454,6 @@ def _print_report(r: dict[str, Any]) -> None:
     out.print(f"  [bold]{word}[/bold]: {escape(r['reason'])}", highlight=False, soft_wrap=True)
     if r["outcome"] == "promoted":
         c = r["candidate"]
-        out.print(f"  runtime only: to keep it, set max_batch = {c['max_batch']}, window_ms = {c['window_ms']:g} "
-                  f"in \\[channels.{name}] of the config file", highlight=False, soft_wrap=True)
+        out.print(f"  kept in the daemon's tuning drop-in; to make it the file's, set max_batch = {c['max_batch']}, "
+                  f"window_ms = {c['window_ms']:g} in \\[channels.{name}] of the config file", highlight=False,
+                  soft_wrap=True)

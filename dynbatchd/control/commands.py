@@ -2,15 +2,21 @@
 
 Each takes the running daemon and keyword arguments from the request's
 ``args`` and returns plain data (the reply's ``result``), or raises
-`CommandError` with one clear line.
+`CommandError` with one clear line. A command that must wait (the risk
+assessment of a change runs its simulations off the event loop) returns a
+coroutine instead, which the server awaits before it replies. The commands of
+`TAKES_PEER` get ``by``: the CURVE key name of the sender, else "local"
+(whatever the request's args say), for the log and the tuning drop-in.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import inspect
+from typing import Any, Awaitable, Callable
 
 from dynbatchd import config as cfgmod
 from dynbatchd.config import ConfigError
+from dynbatchd.overrides import TUNABLE
 
 
 class CommandError(Exception):
@@ -44,41 +50,75 @@ def config(daemon) -> dict[str, Any]:
     return cfgmod.to_dict(daemon.config)
 
 
-TUNABLE = ("max_batch", "window_ms", "deadline_ms", "queue_limit", "max_tokens", "min_share",
-           "window")   # window: {"policy": NAME, "options": {...}} or None (fixed), as `tune --auto` sets it
+TAKES_PEER = ("tune", "canary", "reload")
+FORCE_HINT = "(--force applies it anyway, and the daemon logs that it was forced)"
 
 
-def tune(daemon, channel: str, **changes: Any) -> dict[str, Any]:
-    """`tune channel=NAME [max_batch=N] [window_ms=F] ...` -> the channel's new settings.
+def _risk_refusal(exc: Exception) -> CommandError:
+    return CommandError(f"refused by the risk assessment: {exc} {FORCE_HINT}")
 
-    Changes one channel at run time, checked by the same rules (and compliance
-    plugins) as a config file. Not written back to disk: edit the file and
-    reload to make it permanent.
+
+async def _settled(pending: Awaitable[Any], shape: Callable[[Any], Any] = lambda r: r) -> Any:
+    """Await a daemon operation, its known failures as one CommandError line."""
+    from dynbatchd.operations import RiskRefused
+
+    try:
+        return shape(await pending)
+    except ConfigError as exc:
+        raise CommandError(f"refused: {exc.key}: {exc.rule}" if exc.key else f"refused: {exc}") from None
+    except RiskRefused as exc:
+        raise _risk_refusal(exc) from None
+    except OSError as exc:
+        raise CommandError(f"the tuning drop-in could not be written: {exc}") from None
+
+
+def tune(daemon, channel: str, by: str = "local", force: bool = False, dry_run: bool = False,
+         rollback: bool = False, why: str = "", **changes: Any) -> Any:
+    """`tune channel=NAME [max_batch=N] [window_ms=F] ... [force=false] [dry_run=false] [why=TEXT]`
+    -> {"channel", "before", "after", "risk", "verdict", "applied", "settings"}.
+
+    Changes one channel at run time, checked by the same rules (and compliance plugins) as a
+    config file and by the risk assessment, which refuses a risky change unless `force`. The
+    change is written to the tuning drop-in (STATE_DIR/overrides.toml), so it survives reload and
+    restart. `dry_run`: the plan and the verdict, nothing changed. `tune channel=NAME
+    rollback=true`: one step back (the value before the last change; the config file's when no
+    earlier change is left).
     """
     if channel not in daemon.config.channels:
         raise CommandError(f"no channel named {channel!r}")
+    if rollback:
+        if changes:
+            raise CommandError("rollback takes no settings")
+        try:
+            return daemon.rollback(channel, by=by)
+        except LookupError:
+            raise CommandError(f"no change of channel {channel!r} to roll back; nothing to restore "
+                               "(it runs as the config file says)") from None
+        except (ConfigError, OSError) as exc:
+            raise CommandError(f"rollback refused: {exc}") from None
     unknown = sorted(set(changes) - set(TUNABLE))
     if unknown or not changes:
         raise CommandError(f"tunable settings are {', '.join(TUNABLE)}" + (f"; not {', '.join(unknown)}" if unknown else ""))
     try:
-        new = cfgmod.with_channel(daemon.config, channel, **changes)
-        daemon.apply_config(new)
+        cfgmod.with_channel(daemon.config, channel, **changes)   # the value's own rules, at once
     except ConfigError as exc:
         raise CommandError(f"refused: {exc.key}: {exc.rule}") from None
-    return cfgmod.to_dict(daemon.config.channels[channel])
+    return _settled(daemon.tune(channel, changes, by=by, why=str(why), force=bool(force), dry_run=bool(dry_run)))
 
 
 CANARY_KEYS = ("max_batch", "window_ms", "window")   # what a canary may try: what the tuning loop changes
 
 
 def canary(daemon, action: str = "status", channel: str | None = None, share: float = 0.1,
-           seconds: float = 60.0, shadow: bool = False, **changes: Any) -> dict[str, Any]:
+           seconds: float = 60.0, shadow: bool = False, by: str = "local", force: bool = False,
+           **changes: Any) -> Any:
     """`canary [action=status]` -> {"running": {channel: figures}, "ended": {channel: verdict}};
     `canary action=start channel=NAME [max_batch=N] [window_ms=F] [window={...}] [share=0.1]
     [seconds=60] [shadow=false]` runs the changes on `share` of the channel's live traffic in a
     twin channel NAME~canary (with `shadow`, on copies whose results are discarded) and promotes
-    them (runtime only, as `tune`) or rolls back when the time is up, or early on too many misses;
-    `canary action=stop channel=NAME` ends it now as a rollback. One canary at a time.
+    them (as `tune` does: into the tuning drop-in) or rolls back when the time is up, or early on
+    too many misses; the risk assessment runs first and refuses a risky candidate unless
+    `force=true`. `canary action=stop channel=NAME` ends it now as a rollback. One canary at a time.
     """
     if action == "status":
         return daemon.canary_report()
@@ -101,19 +141,53 @@ def canary(daemon, action: str = "status", channel: str | None = None, share: fl
     if daemon.state != "serving":
         raise CommandError(f"the daemon is {daemon.state}: a canary needs live traffic")
     try:
-        return daemon.start_canary(channel, changes, float(share), float(seconds), bool(shadow))
+        cfgmod.with_channel(daemon.config, channel, **changes)   # the value's own rules, at once
     except ConfigError as exc:
         raise CommandError(f"refused: {exc.key}: {exc.rule}") from None
+    return _start_canary(daemon, channel, changes, float(share), float(seconds), bool(shadow), by, bool(force))
+
+
+async def _start_canary(daemon, channel: str, changes: dict[str, Any], share: float, seconds: float,
+                        shadow: bool, by: str, force: bool) -> dict[str, Any]:
+    try:
+        return await _settled(daemon.start_canary_checked(channel, changes, share, seconds, shadow, by=by,
+                                                          force=force))
     except ValueError as exc:   # one already runs, or the last one's twin is still draining
         raise CommandError(str(exc)) from None
 
 
-def reload(daemon) -> dict[str, Any]:
-    """`reload` -> {"needs_restart": [...]}: re-read the config file (same as SIGHUP)."""
+def reload(daemon, by: str | None = None, force: bool = False, dry_run: bool = False,
+           config: dict[str, Any] | None = None) -> Any:
+    """`reload [force=false] [dry_run=false] [config={...}]` -> {"needs_restart": [...], "changes":
+    {channel: {key: [before, after]}}, "risk": {channel: verdict}, "dropped_overrides": [...],
+    "applied"}: re-read the config file (same as SIGHUP) with the tuning drop-in on top; a key the
+    file changed drops its override. Every channel it changes is risk-assessed, and a risky reload
+    is refused unless `force`. `dry_run`: only the plan (`config`: check that configuration,
+    e.g. a file an operator is about to install, instead of the daemon's own file).
+    """
+    opts = {k: v for k, v in (("by", by), ("force", bool(force)), ("dry_run", bool(dry_run))) if v}
     try:
-        return {"needs_restart": daemon.reload()}
+        if config is not None:
+            if not dry_run:
+                raise CommandError("config= is for dry_run=true only: a reload reads the daemon's own file")
+            opts["config"] = cfgmod.parse(config, "check-config")
+        pending = daemon.reload(**opts)
     except ConfigError as exc:
         raise CommandError(f"reload refused, running configuration kept: {exc}") from None
+    if not inspect.isawaitable(pending):   # a daemon whose reload does not wait
+        return {"needs_restart": pending}
+    return _reload(pending)
+
+
+async def _reload(pending: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    from dynbatchd.operations import RiskRefused
+
+    try:
+        return await pending
+    except ConfigError as exc:
+        raise CommandError(f"reload refused, running configuration kept: {exc}") from None
+    except RiskRefused as exc:
+        raise CommandError(f"reload refused, running configuration kept: {_risk_refusal(exc)}") from None
 
 
 def warmup(daemon, top_users: int = 10_000, model: str | None = None) -> dict[str, Any]:

@@ -14,6 +14,8 @@ and what changes or stops the daemon needs an admin key (`commands.needs_admin`)
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import logging
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,7 @@ import msgspec
 import zmq
 
 from dynbatchd import config as cfgmod, protocol as P
-from dynbatchd.control.commands import COMMANDS, CommandError, for_client, needs_admin
+from dynbatchd.control.commands import COMMANDS, TAKES_PEER, CommandError, for_client, needs_admin
 from dynbatchd.transport import (ADMIN, CurveServer, LoopSocket, _Throttle, bind, ipc_file_of, remove_ipc_file,
                                  split_envelope)
 
@@ -84,15 +86,26 @@ class ControlServer:
                 who, admin = frames.user_id, frames.role == ADMIN
             else:
                 who, admin = None, self.keyless_admin
-            try:
-                answer = P.encoder.encode(self.handle(body[0], admin=admin, who=who))
-            except Exception as exc:   # e.g. a result that cannot be encoded: still one answer
-                log.exception("control reply could not be encoded")
-                answer = P.encoder.encode({"ok": False, "error": f"internal error: {type(exc).__name__}"})
-            self.io.send([*envelope, answer])
+            reply = self.handle(body[0], admin=admin, who=who)
+            if inspect.isawaitable(reply):   # a command that waits (a risk assessment): answer when it is done
+                asyncio.ensure_future(self._answer_later(envelope, reply))
+            else:
+                self._answer(envelope, reply)
 
-    def handle(self, raw: bytes, *, admin: bool = True, who: str | None = None) -> dict[str, Any]:
-        """One request's reply; `admin`: the sender may change or stop the daemon (`who`: its key's name)."""
+    async def _answer_later(self, envelope: list[bytes], reply: Any) -> None:
+        self._answer(envelope, await reply)
+
+    def _answer(self, envelope: list[bytes], reply: dict[str, Any]) -> None:
+        try:
+            answer = P.encoder.encode(reply)
+        except Exception as exc:   # e.g. a result that cannot be encoded: still one answer
+            log.exception("control reply could not be encoded")
+            answer = P.encoder.encode({"ok": False, "error": f"internal error: {type(exc).__name__}"})
+        self.io.send([*envelope, answer])
+
+    def handle(self, raw: bytes, *, admin: bool = True, who: str | None = None) -> Any:
+        """One request's reply, or an awaitable of it; `admin`: the sender may change or stop the
+        daemon (`who`: its key's name)."""
         try:
             request = P.decode_checked(_decoder, raw, "control request", "args")
         except P.MalformedMessage as exc:
@@ -107,13 +120,29 @@ class ControlServer:
             return {"ok": False, "error": f"{request.cmd} needs an admin key: CURVE key {who!r} is a client's "
                                           "(keys_dir/clients/), and only keys in keys_dir/admins/ may change, "
                                           "stop or read the setup of the daemon"}
+        args = dict(request.args)
+        if request.cmd in TAKES_PEER:   # who asks, for the log and the drop-in: never what the args claim
+            args["by"] = who or "local"
         try:
-            result = command(self.daemon, **request.args)
-            return {"ok": True, "result": result if admin else for_client(request.cmd, result)}
-        except CommandError as exc:
+            result = command(self.daemon, **args)
+        except Exception as exc:
+            return self._failed(request.cmd, exc)
+        if inspect.isawaitable(result):
+            return self._finish(request.cmd, result, admin)
+        return {"ok": True, "result": result if admin else for_client(request.cmd, result)}
+
+    async def _finish(self, cmd: str, pending: Any, admin: bool) -> dict[str, Any]:
+        try:
+            result = await pending
+        except Exception as exc:
+            return self._failed(cmd, exc)
+        return {"ok": True, "result": result if admin else for_client(cmd, result)}
+
+    @staticmethod
+    def _failed(cmd: str, exc: Exception) -> dict[str, Any]:
+        if isinstance(exc, CommandError):
             return {"ok": False, "error": str(exc)}
-        except TypeError as exc:
-            return {"ok": False, "error": f"bad arguments for {request.cmd}: {exc}"}
-        except Exception as exc:  # a control bug must not take the daemon down
-            log.exception("control command %s failed", request.cmd)
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        if isinstance(exc, TypeError):
+            return {"ok": False, "error": f"bad arguments for {cmd}: {exc}"}
+        log.exception("control command %s failed", cmd, exc_info=exc)   # a control bug must not take the daemon down
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
