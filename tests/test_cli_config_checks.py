@@ -237,11 +237,18 @@ def test_other_usage_errors_are_one_line_too():
     assert result.exit_code == 2 and result.output == "error: No such option: --no-such-option\n", result.output
 
 
-def test_control_call_turns_an_unencodable_argument_into_a_dynbatchd_error():
+def test_control_call_turns_an_unencodable_argument_into_a_dynbatchd_error(tmp_path):
+    import zmq
+
     from dynbatchd.client import DynbatchdError, control_call
 
-    with pytest.raises(DynbatchdError) as info:
-        control_call("ipc:///nowhere/at/all", "tune", channel="x", max_batch=2**70)
+    listener = zmq.Context.instance().socket(zmq.ROUTER)   # something listens: the call gets as far as encoding
+    listener.bind(f"ipc://{tmp_path}/ctl.sock")
+    try:
+        with pytest.raises(DynbatchdError) as info:
+            control_call(f"ipc://{tmp_path}/ctl.sock", "tune", channel="x", max_batch=2**70)
+    finally:
+        listener.close(linger=0)
     assert "cannot send tune" in str(info.value)
 
 
@@ -262,19 +269,26 @@ def test_a_control_socket_its_file_or_process_guards_is_accepted(tmp_path, plugi
     validate_config(cfgmod.load(write(tmp_path, BASE + f'[daemon]\ncontrol = "{control}"\n')), plugins)
 
 
-@pytest.mark.parametrize("listen, refused", [("0.0.0.0:8080", True), (":8080", True), ("10.1.2.3:8080", True),
-                                             ("[::]:8080", True), ("127.0.0.1:8080", False),
-                                             ("[::1]:8080", False), ("localhost:8080", False)])
-def test_with_curve_on_the_http_door_must_be_on_loopback(tmp_path, plugins, listen, refused):
+@pytest.mark.parametrize("listen, loopback", [("0.0.0.0:8080", False), (":8080", False), ("10.1.2.3:8080", False),
+                                              ("[::]:8080", False), ("127.0.0.1:8080", True),
+                                              ("[::1]:8080", True), ("localhost:8080", True)])
+def test_the_http_door_needs_keys_with_curve_on_and_keys_and_tls_off_loopback(tmp_path, plugins, listen, loopback):
     text = (BASE + f'[daemon]\nlisten = "ipc://{tmp_path}/r"\ncontrol = "ipc://{tmp_path}/c"\ncurve = true\n'
             f'[http]\nlisten = "{listen}"\n')
-    if refused:
-        err = check(tmp_path, text, plugins)
-        assert err.key == "http.listen" and "loopback" in err.rule and "curve" in err.rule
-    else:
-        validate_config(cfgmod.load(write(tmp_path, text)), plugins)
-    # Without CURVE there is nothing for the HTTP door to bypass.
-    validate_config(cfgmod.load(write(tmp_path, text.replace("curve = true", "curve = false"))), plugins)
+    err = check(tmp_path, text, plugins)   # CURVE on, no HTTP keys: refused anywhere
+    assert err.key == "http.keys" and "curve" in err.rule and "no API keys" in err.rule
+    plain = text.replace("curve = true", "curve = false")
+    if loopback:
+        validate_config(cfgmod.load(write(tmp_path, plain)), plugins)
+    else:   # off loopback: keys and TLS, with or without CURVE
+        for extra in ("", "keys = true\n", 'tls_cert = "c.pem"\ntls_key = "k.pem"\n'):
+            err = check(tmp_path, plain + extra, plugins)
+            assert err.key == "http.listen" and "loopback" in err.rule and "TLS" in err.rule
+    full = 'keys = true\ntls_cert = "c.pem"\ntls_key = "k.pem"\n'
+    validate_config(cfgmod.load(write(tmp_path, text + full)), plugins)
+    validate_config(cfgmod.load(write(tmp_path, plain + full)), plugins)
+    err = check(tmp_path, plain + 'tls_cert = "c.pem"\n', plugins)
+    assert err.key == "http.tls_key" and "together" in err.rule
 
 
 def test_check_config_refuses_a_tcp_control_socket_without_curve_in_one_line(tmp_path):
