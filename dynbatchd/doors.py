@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynbatchd import protocol as P
 from dynbatchd.engine import Answer
+from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.transport import validate as validate_request
 
 if TYPE_CHECKING:
@@ -42,8 +43,9 @@ def not_utf8(request: P.Request) -> str | None:
 
 class LocalEnvelope(list):
     """Where the answer of a request from an in-process front door goes: a future, not a socket.
-    Its one element stands for the client identity (unique per request), as a ZeroMQ envelope's."""
-    __slots__ = ("future",)
+    Its one element stands for the client identity (unique per request), as a ZeroMQ envelope's.
+    `tenant`: the tenant the door authenticated (an HTTP API key's), or None."""
+    __slots__ = ("future", "tenant")
 
     def settle(self, answer: Answer) -> None:
         """Answer the future, and let go of it: the answer holds this envelope (its payload), so
@@ -76,6 +78,10 @@ class LocalDoor:
         return dict(self._daemon.config.models)
 
     @property
+    def keys_dir(self) -> str:
+        return self._daemon.config.daemon.keys_dir
+
+    @property
     def max_request_bytes(self) -> int:
         return self._daemon.config.daemon.max_request_bytes
 
@@ -83,10 +89,13 @@ class LocalDoor:
         """Retry-After for a request of `tenant` answered quota_exceeded: whole seconds, at least 1."""
         return self._daemon.quotas.retry_after_header(tenant)
 
-    def infer(self, request: P.Request) -> LocalAnswer:
-        """Submit `request` as if it came in over ZeroMQ; the future gets its one answer."""
+    def infer(self, request: P.Request, *, tenant: str | None = None, channels: tuple[str, ...] = ()) -> LocalAnswer:
+        """Submit `request` as if it came in over ZeroMQ; the future gets its one answer. `tenant`:
+        the tenant the door authenticated (it may then reach isolated channels as that tenant);
+        `channels`: where the caller may send (empty: anywhere), else it is refused."""
         self._seq += 1
         envelope = LocalEnvelope([b"local:%d" % self._seq])
+        envelope.tenant = tenant
         envelope.future = future = LocalAnswer(loop=asyncio.get_running_loop())
         future.identity, future.request_id = envelope[0], request.id
         problem = validate_request(request, [])
@@ -96,9 +105,20 @@ class LocalDoor:
             envelope.settle(Answer(None, P.BAD_REQUEST, problem))
         elif self._daemon.state == "starting":   # the door opens before the models load (probes)
             envelope.settle(Answer(None, P.UNAVAILABLE, "daemon is starting: its models are still loading"))
+        elif channels and (channel := self._channel(request)) is not None and channel not in channels:
+            envelope.settle(Answer(None, P.REFUSED, f"this API key may not send to channel {channel!r}"))
         else:
             self._daemon.on_request(envelope, request, [])
         return future
+
+    def _channel(self, request: P.Request) -> str | None:
+        """The channel the daemon's routing picks for `request` (None for an unknown model)."""
+        daemon = self._daemon
+        if request.model not in daemon.config.models:
+            return None
+        info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
+                           P.estimate_tokens(request), request.priority, request.tenant, request.user)
+        return daemon.plugins.channel_for(info, daemon.config)
 
     def withdraw(self, future: LocalAnswer) -> None:
         """Withdraw the request `future` answers, as a ZeroMQ client's cancel does: still queued, it

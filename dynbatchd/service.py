@@ -186,7 +186,8 @@ class Daemon(Operations):
         tenant = request.tenant
         if front.curve and config.compliance.key_tenants and settings.isolated:
             peer = None if isinstance(envelope, LocalEnvelope) else front.peer   # a front door has no key
-            tenant, refusal = tenant_of_key(config.compliance.key_tenants, peer, request.tenant)
+            tenant, refusal = tenant_of_key(config.compliance.key_tenants, peer, request.tenant,
+                                            getattr(envelope, "tenant", None))   # an HTTP key's
             if refusal:
                 self._refuse(envelope, request.id, channel, request.tenant, *refusal)
                 return

@@ -1,4 +1,4 @@
-"""Which tenant an isolated channel's request runs as, when CURVE says who the client is."""
+"""Which tenant an isolated channel's request runs as, when CURVE (or a door's API key) says who the client is."""
 
 from __future__ import annotations
 
@@ -7,10 +7,12 @@ CLAIM_RULE = "tenant-not-of-key"           # CURVE on: the request claims a tena
 
 
 def tenant_of_key(key_tenants: dict[str, str], key_name: str | None,
-                  claimed: str | None) -> tuple[str | None, tuple[str, str] | None]:
+                  claimed: str | None, proven: str | None = None) -> tuple[str | None, tuple[str, str] | None]:
     """With CURVE and ``[compliance] key_tenants``, an isolated channel's tenant is the client
-    key's, never the request's claim: (tenant, None), or (None, (rule, reason)) to refuse."""
-    tenant = key_tenants.get(key_name or "")
+    key's, never the request's claim: (tenant, None), or (None, (rule, reason)) to refuse.
+    `proven`: the tenant a front door's own authentication gave (an HTTP API key's), which
+    stands for the CURVE key's."""
+    tenant = proven if proven is not None else key_tenants.get(key_name or "")
     if tenant is None:
         return None, (KEY_RULE, f"rule {KEY_RULE}: the client key {key_name!r} is mapped to no tenant in "
                                 "[compliance] key_tenants, so it may not send to an isolated channel")

@@ -41,6 +41,7 @@ import numpy as np
 
 from dynbatchd import protocol as P
 from dynbatchd.hookspecs import hookimpl
+from dynbatchd.httpkeys import KeyStore, presented_key
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ RETRY_LATER = (P.OVERLOADED, P.SHUTTING_DOWN, P.UNAVAILABLE, P.QUOTA_EXCEEDED)
 V2_TYPES = {"float32": "FP32", "float64": "FP64", "float16": "FP16", "int64": "INT64", "int32": "INT32",
             "uint8": "UINT8", "bool": "BOOL"}
 FROM_V2 = {v: k for k, v in V2_TYPES.items()}
+UNAUTHORIZED = "unauthorized"   # no key, a wrong or a revoked one: 401, and nothing more is said
+OPEN_HANDLERS = ("live", "ready")   # probes answer without a key (load balancers have none)
 SUBMIT_CHUNK = 64     # inputs submitted per loop turn: a large request never holds the ZeroMQ door up
 READ_SIZE = 65536
 # (method, path segments with None for the model's name, handler): the whole routing table
@@ -71,6 +74,7 @@ class HttpError(Exception):
         self.code, self.message = code, message
         self.status = status or STATUS.get(code, 500)
         self.retry_after = "1"   # Retry-After (seconds) of a code in RETRY_LATER
+        self.extra: list[tuple[str, str]] = []   # more headers (WWW-Authenticate)
 
 
 class ClientGone(Exception):
@@ -93,6 +97,8 @@ def request_meta(headers: dict[str, str]) -> dict[str, Any]:
                           ("x-user-frequency", "user_frequency"), ("x-user", "user")):
         if value := headers.get(header):
             meta[field] = value
+    if headers.get(":authenticated"):   # set by the door from an API key, never by a client (no ":" in names)
+        meta["_caller"] = (meta.get("tenant"), tuple(c for c in headers[":channels"].split(",") if c))
     return meta
 
 
@@ -145,6 +151,8 @@ class HttpDoor:
         self.host, _, port = settings.listen.rpartition(":")
         self.port = int(port)
         self.api = api
+        self.keys = KeyStore(api.keys_dir) if settings.keys else None
+        self.unauthorized = 0   # requests answered 401
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[asyncio.Task, bool] = {}   # each connection's task: busy with a request?
         self._in_progress = 0
@@ -193,7 +201,8 @@ class HttpDoor:
         header_timeout_s and 4 x max_request_bytes): a client that sends its whole body before
         reading then reads the answer, not a reset."""
         budget = 4 * self.api.max_request_bytes
-        writer.write_eof()
+        if writer.can_write_eof():   # (TLS cannot half-close)
+            writer.write_eof()
         try:
             async with asyncio.timeout(self.settings.header_timeout_s):
                 while budget > 0 and (data := await reader.read(READ_SIZE)):
@@ -223,6 +232,8 @@ class HttpDoor:
             handler, route, name = self._route(request.method.decode("ascii"), request.target)
             v2 = route.startswith("/v2/")
             headers = text_headers(request.headers)
+            if self.keys is not None and handler.__name__ not in OPEN_HANDLERS:
+                self._authenticate(headers)
             if self._in_progress >= self.settings.max_requests:
                 raise HttpError(P.OVERLOADED, f"the HTTP door has max_requests ({self.settings.max_requests}) "
                                               "in progress")
@@ -271,6 +282,21 @@ class HttpDoor:
             raise HttpError(P.BAD_REQUEST, f"the head exceeds max_headers ({limits.max_headers}) or "
                                            f"max_header_bytes ({limits.max_header_bytes})", 431)
         return event
+
+    def _authenticate(self, headers: dict[str, str]) -> None:
+        """The caller's key must be one of ``KEYS_DIR/http``: else 401, whatever was wrong. Its tenant
+        becomes the request's (a different X-Tenant is refused), its channels bound where it goes."""
+        caller = self.keys.check(presented_key(headers))
+        if caller is None:
+            self.unauthorized += 1
+            error = HttpError(UNAUTHORIZED, "unauthorized", 401)
+            error.extra = [("www-authenticate", "Bearer")]
+            raise error
+        if headers.get("x-tenant", caller.tenant) != caller.tenant:
+            raise HttpError(P.REFUSED, "X-Tenant names a tenant other than the API key's")
+        headers["x-tenant"] = caller.tenant
+        headers[":channels"] = ",".join(caller.channels)
+        headers[":authenticated"] = "1"
 
     def _route(self, method: str, target: bytes) -> tuple[Any, str, str | None]:
         """(handler, route pattern, the model named in the path); 404 or 405 for no route."""
@@ -335,7 +361,7 @@ class HttpDoor:
     def _error(exc: HttpError, v2: bool) -> tuple[int, bytes, list]:
         """The error body of the protocol asked: KServe v2 has ``{"error": string}`` (its clients read
         a string; ``code`` rides beside it), OpenAI ``{"error": {"code", "message"}}``."""
-        headers = [("retry-after", exc.retry_after)] if exc.code in RETRY_LATER else []
+        headers = ([("retry-after", exc.retry_after)] if exc.code in RETRY_LATER else []) + exc.extra
         body = ({"error": exc.message, "code": exc.code} if v2
                 else {"error": {"code": exc.code, "message": exc.message}})
         return exc.status, msgspec.json.encode(body), headers
@@ -364,11 +390,13 @@ class HttpDoor:
         queued are withdrawn (none is dispatched before the loop turns, so a refusal in the first chunk
         runs none). SUBMIT_CHUNK inputs per loop turn, so the ZeroMQ door is never starved."""
         futures: list[Any] = []
+        tenant, channels = meta.pop("_caller", (None, ()))
         try:
             for i, x in enumerate(inputs):
                 if i and not i % SUBMIT_CHUNK:
                     await asyncio.sleep(0)
-                future = self.api.infer(P.Request(i + 1, model, **self._input_field(x), **meta))
+                future = self.api.infer(P.Request(i + 1, model, **self._input_field(x), **meta),
+                                        tenant=tenant, channels=channels)
                 futures.append(future)
                 if future.done():   # refused at once (overloaded, refused, ...): withdraw the others now
                     self._check(future.result())
@@ -517,9 +545,23 @@ class HttpDoor:
         import socket
 
         host = self.host.strip("[]") or "127.0.0.1"
+        tls = self._tls_context()
         sock = socket.create_server((host, self.port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self._server = await asyncio.start_server(self._serve, sock=sock)
-        log.info("HTTP front door on http://%s:%d", host, self.port)
+        self._server = await asyncio.start_server(self._serve, sock=sock, ssl=tls,
+                                                  ssl_handshake_timeout=self.settings.header_timeout_s if tls else None)
+        log.info("HTTP front door on %s://%s:%d%s", "https" if tls else "http", host, self.port,
+                 " (API keys required)" if self.keys is not None else "")
+
+    def _tls_context(self) -> Any:
+        """With ``tls_cert`` and ``tls_key``: a server context (TLS 1.2 at least), else None."""
+        if not self.settings.tls_cert:
+            return None
+        import ssl
+
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        context.load_cert_chain(self.settings.tls_cert, self.settings.tls_key)
+        return context
 
     async def stop(self) -> None:
         """Stop listening and close idle connections; a request in progress (the daemon drained, so

@@ -201,7 +201,7 @@ def test_the_http_door_off_loopback_with_curve_on_is_refused_at_start(tmp_path, 
     for args in (["check-config", str(path)], ["start", "--config", str(path)]):
         result = CliRunner().invoke(daemon_app, args)
         assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
-        assert "http.listen: '0.0.0.0:8080' is not a loopback address and daemon.curve is on" in result.output
+        assert "http.keys: daemon.curve is on and the HTTP door has no API keys" in result.output
 
 
 # --- end to end ---------------------------------------------------------------------------

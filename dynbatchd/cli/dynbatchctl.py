@@ -623,12 +623,15 @@ def keygen(name: str = typer.Argument("client", help="File name: NAME.key and NA
               f"  {secret_file} (mode 0600: keep it here)", highlight=False, markup=False)
 
 
+from dynbatchd.cli.httpkey import app as http_key_app  # noqa: E402
+
 app.command("plan")(plan)
 app.command("simulate")(simulate)
 app.command("capacity")(capacity)
 app.command("recommend")(recommend)
 app.command("tune")(tune)
 app.command("bench")(bench)
+app.add_typer(http_key_app, name="http-key")   # the HTTP door's API keys (dynbatchd/cli/httpkey.py)
 
 
 def main() -> None:

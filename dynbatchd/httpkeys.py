@@ -1,0 +1,156 @@
+"""API keys of the HTTP door, kept only as hashes: one file per key in ``KEYS_DIR/http/NAME.hash``.
+
+A key is ``dbk_NAME_SECRET`` (SECRET: 32 random bytes, URL-safe base64), shown once by
+``dynbatchctl http-key create NAME --tenant T``. Its file (mode 0600) holds the SHA-256 of the
+whole key (the secret has 256 bits: no slow hash is needed), the tenant its requests run as and,
+optionally, the channels it may reach. Removing the file revokes the key: the door looks at the key's
+file at each request (one stat; read again when it changed), so no restart is needed. Keys are compared with `hmac.compare_digest`, and an unknown name is compared against a
+dummy hash, so the time taken says nothing of which part was wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import os
+import re
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+log = logging.getLogger(__name__)
+
+SUBDIR = "http"
+SUFFIX = ".hash"
+PREFIX = "dbk_"
+NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")   # no "_": the key's name ends at the first one
+DUMMY = hashlib.sha256(b"no such key").hexdigest()
+
+
+class KeyRecord(msgspec.Struct, forbid_unknown_fields=True):
+    sha256: str
+    tenant: str
+    channels: list[str] = []
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who an accepted key says the caller is."""
+    name: str
+    tenant: str
+    channels: tuple[str, ...]
+
+
+def keys_dir(keys_root: str | os.PathLike) -> Path:
+    return Path(keys_root) / SUBDIR
+
+
+def digest(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def create(keys_root: str | os.PathLike, name: str, tenant: str, channels: list[str] = (), *,
+           force: bool = False) -> str:
+    """Make a key for `name`, store its hash, and return the key (shown once, never stored)."""
+    if not NAME.match(name):
+        raise ValueError(f"{name!r} is not a key name: letters, digits and '-', at most 64")
+    if not tenant:
+        raise ValueError("a key needs a tenant")
+    directory = keys_dir(keys_root)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path = directory / f"{name}{SUFFIX}"
+    if path.exists() and not force:
+        raise FileExistsError(f"{path} exists (--force replaces it, revoking the old key)")
+    key = f"{PREFIX}{name}_{secrets.token_urlsafe(32)}"
+    partial = path.with_name(path.name + ".partial")
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as file:
+        file.write(msgspec.json.encode(KeyRecord(digest(key), tenant, list(channels))) + b"\n")
+    os.replace(partial, path)   # atomic: a new inode, so the door reads it again
+    return key
+
+
+def revoke(keys_root: str | os.PathLike, name: str) -> bool:
+    """Remove `name`'s key; True if there was one."""
+    try:
+        (keys_dir(keys_root) / f"{name}{SUFFIX}").unlink()
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def read_all(directory: Path) -> dict[str, KeyRecord]:
+    """Every readable key file of `directory`, by name; a bad file is logged (its name only) and skipped."""
+    records: dict[str, KeyRecord] = {}
+    try:
+        entries = sorted(directory.iterdir())
+    except FileNotFoundError:
+        return records
+    for path in entries:
+        if path.suffix != SUFFIX or not NAME.match(path.stem):
+            continue
+        try:
+            records[path.stem] = msgspec.json.decode(path.read_bytes(), type=KeyRecord)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("HTTP key file %s is unreadable (%s): that key is refused", path, type(exc).__name__)
+    return records
+
+
+class KeyStore:
+    """The HTTP door's view of the key directory: each request's key file is looked at (one stat),
+    and read again when it changed, so a key revoked (its file removed) or replaced is refused at once."""
+
+    def __init__(self, keys_root: str | os.PathLike):
+        self.directory = keys_dir(keys_root)
+        self._records: dict[str, tuple[Any, KeyRecord | None]] = {}   # name -> (file stamp, record)
+
+    def __len__(self) -> int:
+        return len(read_all(self.directory))
+
+    def _record(self, name: str) -> KeyRecord | None:
+        if not NAME.match(name):
+            return None
+        path = self.directory / f"{name}{SUFFIX}"
+        try:
+            info = os.stat(path)
+        except OSError:   # revoked, or never made
+            self._records.pop(name, None)
+            return None
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+        cached = self._records.get(name)
+        if cached is not None and cached[0] == stamp:
+            return cached[1]
+        try:
+            record = msgspec.json.decode(path.read_bytes(), type=KeyRecord)
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+            log.warning("HTTP key file %s is unreadable (%s): that key is refused", path, type(exc).__name__)
+            record = None
+        if len(self._records) > 100_000:
+            self._records.clear()
+        self._records[name] = (stamp, record)
+        return record
+
+    def check(self, key: str | None) -> Caller | None:
+        """The caller `key` stands for, or None (no key, a malformed or wrong one, a revoked one)."""
+        name = ""
+        if key and key.startswith(PREFIX):
+            name = key[len(PREFIX):].partition("_")[0]
+        record = self._record(name) if name else None
+        expected = record.sha256 if record is not None else DUMMY
+        same = hmac.compare_digest(digest(key or ""), expected)
+        if record is None or not same:
+            return None
+        return Caller(name, record.tenant, tuple(record.channels))
+
+
+def presented_key(headers: dict[str, str]) -> str | None:
+    """The key of a request: ``Authorization: Bearer KEY`` (as OpenAI clients send it) or ``X-Api-Key``."""
+    auth = headers.get("authorization", "")
+    scheme, _, value = auth.partition(" ")
+    if scheme.lower() == "bearer" and value.strip():
+        return value.strip()
+    return headers.get("x-api-key") or None
