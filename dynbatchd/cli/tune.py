@@ -205,14 +205,18 @@ def tune(ctx: typer.Context,
     settings = data.get("settings", data)   # (a daemon before the drop-in answered the settings alone)
     _note(ctx, channel, "manual", "set by hand: " + ", ".join(f"{k}={v}" for k, v in changes.items()),
           before=before, after=_loop_settings(settings))
-    if as_json:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    if as_json:   # the channel's settings at the top, as before the drop-in, and what the daemon said
+        _emit({**settings, **{k: v for k, v in data.items() if k != "settings"}})
         return
     out.print(f"channel [bold]{escape(channel)}[/bold] now: " + ", ".join(f"{k}={settings[k]}" for k in changes),
               highlight=False)
     if data.get("verdict"):
         out.print(("[yellow]FORCED[/yellow] past the risk assessment: " if data.get("forced") else "risk: ")
                   + escape(data["verdict"]), highlight=False, soft_wrap=True)
+
+
+def _emit(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
 
 
 def _dry_run(ctx: typer.Context, channel: str, changes: dict[str, Any], as_json: bool) -> None:
@@ -265,7 +269,7 @@ def _rollback(ctx: typer.Context, channel: str, as_json: bool) -> None:
     settings = data.get("settings", data)
     _note(ctx, channel, "restore", "restored by tune --rollback", before=before, after=_loop_settings(settings))
     if as_json:
-        sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+        _emit({**settings, **{k: v for k, v in data.items() if k != "settings"}})
     else:
         restored = data.get("after") or {k: settings.get(k) for k in LOOP_KEYS}
         out.print(f"channel [bold]{escape(channel)}[/bold] restored: "
