@@ -64,8 +64,9 @@ class Daemon(Operations):
         self.state = "starting"
         self.cache = ResultCache(config.cache.entries, config.cache.max_bytes) if config.cache.entries else None
         self.cache_rule = plugins.cache_policies()[config.cache.policy](config.cache) if self.cache else None
-        self.top_users = (TopUsers.load(self.top_users_path(), config.top_users.users,
-                                        config.top_users.inputs_per_user) if config.top_users.users else None)
+        self.top_users = (TopUsers.load(self.top_users_path(), config.top_users.users,   # texts only for the cache
+                                        config.top_users.inputs_per_user if self.cache is not None else 0)
+                          if config.top_users.users else None)
         self._top_users_saved = self.top_users.observed if self.top_users else 0
         self.quotas = Quotas(config.quotas, clock)   # per tenant, before a request takes queue room
         self.devices = device_names(config.devices)

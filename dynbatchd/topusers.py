@@ -13,7 +13,9 @@ updates, and a sort once every `users / 4` new users.
 The inputs are payload text. They are kept only here and in the state file
 ``top-users.msgpack`` (mode 0600, in ``[daemon] state_dir``), never logged;
 requests of isolated channels are never observed. ``[top_users] users = 0``
-turns it off.
+turns it off. Texts are kept only where they can serve (data minimisation): the daemon
+builds the sketch with ``inputs_per_user = 0`` when the result cache is off, and then it
+counts requests per user only, keeps no text, and drops the texts of a sketch saved before.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class TopUsers:
     __slots__ = ("limit", "inputs_per_user", "observed", "floor", "_users")
 
     def __init__(self, users: int = 50_000, inputs_per_user: int = 4):
+        # inputs_per_user 0: no text is kept (the cache is off: warmup could not use it)
         self.limit = users
         self.inputs_per_user = inputs_per_user
         self.observed = 0      # requests counted since the sketch began (across restarts)
@@ -80,6 +83,8 @@ class TopUsers:
                 self._prune()
             entry = self._users[key] = [self.floor, self.floor, {}]
         entry[0] += 1
+        if not self.inputs_per_user:
+            return
         inputs = entry[2]
         asked = (model, text)
         inputs[asked] = inputs.get(asked, 0) + 1
@@ -143,7 +148,8 @@ class TopUsers:
             log.warning("top-users file %s has format %s, not %s; starting a new one", path, saved.format, FORMAT)
             return sketch
         sketch.observed, sketch.floor = saved.observed, saved.floor
-        sketch._users = {(r.tenant, r.user): [r.count, r.error, {(m, x): k for m, x, k in r.inputs}]
+        sketch._users = {(r.tenant, r.user): [r.count, r.error, {(m, x): k for m, x, k in r.inputs}
+                                                               if inputs_per_user else {}]
                          for r in saved.users}
         if len(sketch._users) > users:
             sketch._prune()
