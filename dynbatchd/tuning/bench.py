@@ -259,7 +259,7 @@ class LiveBench:
 
     def restore(self) -> dict[str, Any]:
         """Put the channel back as it was found (idempotent)."""
-        result = self.call("tune", channel=self.channel, **self.original)
+        result = self.call("tune", channel=self.channel, force=True, why="dynbatchctl bench: restore", **self.original)
         self.restored = True
         return result
 
@@ -267,7 +267,9 @@ class LiveBench:
         return self.call("status")
 
     def run(self, cell: Cell, *, duration_s: float, warmup_s: float, seed: int = 1) -> Figures:
-        self.call("tune", channel=self.channel, max_batch=cell.max_batch, window_ms=cell.window_ms)
+        # (each cell is the operator's own experiment: not refused by the risk assessment; restored after)
+        self.call("tune", channel=self.channel, max_batch=cell.max_batch, window_ms=cell.window_ms, force=True,
+                  why="dynbatchctl bench: a cell of the matrix")
         self.restored = False
         tokens = token_sampler(cell.mix, cell.trace, seed)
         latencies, codes, before_box = asyncio.run(self._load(cell, duration_s, warmup_s, tokens, seed))
