@@ -234,14 +234,14 @@ def test_submission_takes_loop_turns_so_the_zeromq_door_is_not_starved():
     submitted = []
 
     class Api:
-        def infer(self, request):
+        def infer(self, request, **caller):   # (tenant, channels: an API key's, none here)
             submitted.append(request)
             future = asyncio.get_running_loop().create_future()
             future.set_result(Answer(None, "ok", output=(1.0, None)))
             return future
 
     async def run():
-        door = HttpDoor(SimpleNamespace(listen="127.0.0.1:1", max_inputs=2048), Api())
+        door = HttpDoor(SimpleNamespace(listen="127.0.0.1:1", max_inputs=2048, keys=False), Api())
         seen = []
         asyncio.get_running_loop().call_soon(lambda: seen.append(len(submitted)))
         outputs = await door._infer_all("m", ["x"] * 1000, {})
