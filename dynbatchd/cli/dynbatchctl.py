@@ -275,8 +275,10 @@ CHANNEL_COLUMNS: list[tuple[str, int, Any]] = [
 DEVICE_COLUMNS: list[tuple[str, int, Any]] = [
     ("device", 0, lambda w: w["device"] + (" (simulated)" if w["simulated"] else "")),
     ("where", 3, lambda w: f"{w['node']} actor {w['actor'][:12]}" if w.get("node") else "local"),
-    ("pid", 5, lambda w: str(w["pid"])),
-    ("state", 1, lambda w: w["state"]),
+    ("pid", 5, lambda w: " ".join(str(f["pid"]) for f in w["workers"]) if len(w.get("workers", ())) > 1
+     else str(w["pid"])),   # several feeders ([devices] workers_per_device): each one's pid
+    ("state", 1, lambda w: w["state"] + (f" ({sum(f['state'] == 'ready' for f in w['workers'])}/{len(w['workers'])} "
+                                         "workers)" if len(w.get("workers", ())) > 1 else "")),
     ("in flight", 3, lambda w: str(w["inflight"])),
     ("batches", 4, lambda w: str(w["batches"])),
     ("items", 5, lambda w: str(w["items"])),
