@@ -154,7 +154,7 @@ def test_tune_changes_a_channel_and_rejects_broken_values(tmp_path):
     daemon = start_daemon(tmp_path, SIMULATED)   # its own: the shared sim_daemon keeps its settings
     try:
         new = daemon.call("tune", channel="realtime", window_ms=2.0)
-        assert new["window_ms"] == 2.0
+        assert new["applied"] and new["settings"]["window_ms"] == 2.0   # the plan, and the settings after it
         assert daemon.status()["channels"]["realtime"]["window"]["window_ms"] == 2.0
         with pytest.raises(Exception, match="max_batch"):
             daemon.call("tune", channel="realtime", max_batch=0)
