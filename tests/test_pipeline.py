@@ -265,3 +265,29 @@ def test_cpu_ms_per_item_is_checked_like_the_other_options():
     with pytest.raises(OptionError) as typo:
         check_options(SimulatedRunner, {"cpu_ms_per_itme": 1})
     assert "did you mean `cpu_ms_per_item`" in typo.value.rule
+
+
+def test_two_feeders_of_one_simulated_device_take_turns_at_it(tmp_path, monkeypatch):
+    # Feeder processes of one device share its lock file: while one holds the (simulated) device,
+    # another's forward waits, as a GPU's kernels would; its device time is the sleep alone.
+    import fcntl
+    import threading
+
+    from dynbatchd.devices.runners import DEVICE_LOCKS_ENV, SimulatedRunner
+
+    monkeypatch.setenv(DEVICE_LOCKS_ENV, str(tmp_path))
+    runner = SimulatedRunner("cuda:0", {"base_ms": 1.0, "per_item_ms": 0.0})
+    prepared = runner.prepare(["a"], [1])
+    runner.finish(runner.forward(prepared))                 # creates the device's lock file
+    [lock_path] = list(tmp_path.iterdir())
+    done = threading.Event()
+    with open(lock_path) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)                     # another feeder holds the device
+        worker = threading.Thread(target=lambda: (runner.forward(prepared), done.set()))
+        worker.start()
+        assert not done.wait(0.3)                            # so this one waits its turn
+        fcntl.flock(held, fcntl.LOCK_UN)
+    assert done.wait(10)
+    worker.join()
+    output = runner.forward(prepared)
+    assert runner.device_ns(output) == 1_000_000             # the sleep alone, not the wait

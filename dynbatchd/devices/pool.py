@@ -39,6 +39,7 @@ from typing import Any, Callable, NamedTuple
 import zmq
 
 from dynbatchd import protocol as P
+from dynbatchd.devices.runners import DEVICE_LOCKS_ENV
 from dynbatchd.transport import LoopSocket
 
 log = logging.getLogger(__name__)
@@ -154,6 +155,7 @@ class DevicePool:
         self.on_read_done = on_read_done   # after each pass over the results read at once
         self.log_level = log_level
         self.endpoint = f"ipc://{ipc_dir}/workers.sock"
+        self.ipc_dir = ipc_dir
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -186,7 +188,8 @@ class DevicePool:
         worker.state = "starting"
         worker.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dynbatchd.devices.worker", "--endpoint", self.endpoint,
-            "--name", worker.name, "--log-level", self.log_level, stdin=asyncio.subprocess.DEVNULL)
+            "--name", worker.name, "--log-level", self.log_level, stdin=asyncio.subprocess.DEVNULL,
+            env={**os.environ, DEVICE_LOCKS_ENV: self.ipc_dir})   # feeders of a simulated device take turns
         self._tasks.append(asyncio.ensure_future(self._supervise(worker, worker.proc)))
 
     async def _supervise(self, worker: Worker, proc: asyncio.subprocess.Process) -> None:

@@ -25,6 +25,7 @@ without ``OPTIONS`` (a plugin's that declares nothing) takes any option.
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import hashlib
 import importlib
@@ -225,6 +226,28 @@ def simulated_options(options: dict[str, Any], device: str) -> dict[str, Any]:
     return {**{k: v for k, v in options.items() if k != "devices"}, **options.get("devices", {}).get(device, {})}
 
 
+DEVICE_LOCKS_ENV = "DYNBATCHD_DEVICE_LOCKS"   # a directory: one lock file per device its feeders share
+
+
+@contextlib.contextmanager
+def device_turn(device: str):
+    """Hold the device's lock file while the (simulated) device is busy, so that several feeder
+    processes of one device take turns as a GPU's kernels do; nothing to hold without the env."""
+    where = os.environ.get(DEVICE_LOCKS_ENV)
+    if not where:
+        yield
+        return
+    import fcntl
+
+    path = os.path.join(where, "device-" + "".join(c if c.isalnum() else "_" for c in device) + ".lock")
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 class SimulatedRunner(StagedRunner):
     """A latency model of an accelerator: base + per item + per token, slept for real.
 
@@ -235,7 +258,10 @@ class SimulatedRunner(StagedRunner):
     ``devices`` gives one device of a mixed pool options of its own.
     cpu_ms_per_item (default 0) is CPU time really used in `prepare`, per
     item, standing in for tokenising: with it a CPU machine shows what a
-    pipelined worker gains (the device's sleep is in `forward`).
+    pipelined worker gains (the device's sleep is in `forward`). Several
+    feeders of one device (`[devices] workers_per_device`) take turns at its
+    sleep, as they would at a GPU, through a lock file the daemon names in
+    DEVICE_LOCKS_ENV; the sleep alone is its device time (`device_ns`).
     Output per input: [input length, tokens] as float32, so a client can
     check that it got its own answer. Every figure it produces is labelled
     simulated.
@@ -259,15 +285,20 @@ class SimulatedRunner(StagedRunner):
 
     def forward(self, prepared):
         inputs, tokens = prepared
-        try:
-            time.sleep(self.model.attempt_ns(len(inputs), sum(tokens)) / 1e9)
-        except OutOfMemory:
-            time.sleep(self.model.oom_ms / 1000)
-            raise
-        return prepared
+        with device_turn(self.device):
+            try:
+                slept = self.model.attempt_ns(len(inputs), sum(tokens))
+            except OutOfMemory:
+                time.sleep(self.model.oom_ms / 1000)
+                raise
+            time.sleep(slept / 1e9)
+        return inputs, tokens, slept
+
+    def device_ns(self, output):
+        return output[2] if isinstance(output, tuple) and len(output) == 3 else None
 
     def finish(self, output):
-        inputs, tokens = output
+        inputs, tokens = output[0], output[1]
         out = np.empty((len(inputs), 2), dtype=np.float32)
         for i, (item, tok) in enumerate(zip(inputs, tokens)):
             out[i, 0] = len(item) if isinstance(item, (str, np.ndarray, list)) else 0
