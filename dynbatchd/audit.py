@@ -8,7 +8,12 @@ and `dynbatchctl status --compliance`, and appended to a JSON-lines file:
     {"time": "2026-12-03T08:50:01.123456+00:00", "rule": "isolated-needs-tenant",
      "action": "refused", "channel": "medical", "tenant": null, "request_id": 7}
 
-Never a payload: the record names the request by its id only. Rotation is
+An erasure (`dynbatchctl forget USER`) is a line of its own, not counted among the decisions:
+
+    {"time": "...", "rule": "forget", "action": "erased", "user": "<HMAC-SHA256 of the id>",
+     "tenant": null, "by": "local", "erased": {"sketch_users": 1, "cache_entries": 3, ...}}
+
+Never a payload: the record names the request by its id only, and a user by its keyed hash. Rotation is
 left to logrotate (or journald, when the file is not used): a file moved or
 deleted is noticed on the next record and a new one opened, so
 ``copytruncate`` is not needed.
@@ -39,6 +44,17 @@ class Decision(msgspec.Struct):
     request_id: Any
 
 
+class Erasure(msgspec.Struct):
+    """A user erased (`dynbatchctl forget`): by its keyed hash, with counts, never a payload."""
+    time: str
+    rule: str            # "forget"
+    action: str          # "erased"
+    user: str            # the user id's keyed hash (dynbatchd.pseudonyms)
+    tenant: str | None   # the tenant it was limited to; None: every tenant
+    by: str              # the control key's name, or "local"
+    erased: dict[str, int]
+
+
 class AuditLog:
     def __init__(self, path: str | os.PathLike | None, recent: int = 20):
         self.path = Path(path) if path is not None else None   # None: counted, not written
@@ -54,6 +70,12 @@ class AuditLog:
         self.recent.append(decision)
         if self.path is not None:
             self._write(msgspec.json.encode(decision) + b"\n")
+
+    def erasure(self, user_key: str, tenant: str | None, by: str, erased: dict[str, int]) -> None:
+        """Record that a user was erased: its keyed hash and the counts, never its id or inputs."""
+        if self.path is not None:
+            record = Erasure(datetime.now(timezone.utc).isoformat(), "forget", "erased", user_key, tenant, by, erased)
+            self._write(msgspec.json.encode(record) + b"\n")
 
     def _write(self, line: bytes) -> None:
         try:

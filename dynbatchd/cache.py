@@ -156,6 +156,13 @@ class ResultCache:
         if self._over():   # one window entry larger than the window's byte share
             self._fit_total()
 
+    def discard(self, key: Hashable) -> bool:
+        """Erase the entry of `key` (`dynbatchctl forget`); whether there was one. Not an eviction."""
+        if key not in self:
+            return False
+        self._drop(key)
+        return True
+
     def _drop(self, key: Hashable) -> None:
         for space in (self._main, self._window):
             old = space.pop(key, None)

@@ -265,6 +265,7 @@ class TopUsersSettings(Frozen, kw_only=True):
     users: Annotated[int, Meta(ge=0, le=10_000_000)] = 50_000   # 0: nothing observed, nothing saved
     inputs_per_user: Annotated[int, Meta(ge=1, le=1024)] = 4
     save_every_s: Annotated[float, Meta(ge=1, le=86_400 * 7)] = 300.0
+    retain_days: Annotated[float, Meta(gt=0, le=3650)] = 30.0   # texts and users unseen this long are dropped
 
 
 class HttpSettings(Frozen, kw_only=True):

@@ -271,6 +271,19 @@ class Engine:
                 queued += 1
         return queued, cached
 
+    def forget_warmup(self, keys: set) -> int:
+        """Drop the warmup inputs whose cache key is in `keys` from the backlog (how many); those
+        already queued or running still run, but their results are not kept."""
+        before = len(self.warmup_backlog)
+        self.warmup_backlog = deque(job for job in self.warmup_backlog if job.cache_key not in keys)
+        fed = [entry[2] for channel in self.channels.values() for lane in channel.lanes.values() if lane.warmup
+               for entry in lane.heap]
+        fed += [job for device in self.devices for batch, _ in device.held.values() for job in batch.items]
+        for job in fed:
+            if job.warmup and job.cache_key in keys:
+                job.cache_key = None
+        return before - len(self.warmup_backlog)
+
     def _feed_warmup(self, now_ns: int) -> None:
         """Top the warmup channel up to half its queue, so warmup never crowds live traffic out."""
         channel = self.channels[self.warmup_channel]

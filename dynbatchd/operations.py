@@ -30,7 +30,8 @@ from dynbatchd.metrics import render as render_metrics
 from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import daemon_health
-from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE
+from dynbatchd.pseudonyms import FILE_NAME as PSEUDONYMS_FILE, Pseudonyms
+from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE, TopUsers
 from dynbatchd.validation import validate_config
 
 log = logging.getLogger("dynbatchd")
@@ -53,6 +54,30 @@ class Operations:
     def top_users_path(self):
         return state_path(self.config.daemon, TOP_USERS_FILE)
 
+    def load_top_users(self, config: Config) -> TopUsers | None:
+        """The sketch saved in the state directory, users kept as keyed hashes, texts only where
+        the result cache is on (the only place warmup can use them); None with ``users = 0``."""
+        settings = config.top_users
+        if not settings.users:
+            return None
+        options = {"pseudonym": self._pseudonyms(config), "retain_days": settings.retain_days}
+        texts = settings.inputs_per_user if self.cache is not None else 0
+        try:
+            path = self.top_users_path()
+        except OSError:   # (logged by _pseudonyms) counted, never saved
+            return TopUsers(settings.users, texts, **options)
+        return TopUsers.load(path, settings.users, texts, **options)
+
+    def _pseudonyms(self, config: Config) -> Pseudonyms:
+        """The keyed hash of user ids, its key in the state directory (one of this run only if the
+        directory is unavailable)."""
+        try:
+            return Pseudonyms.load(state_path(config.daemon, PSEUDONYMS_FILE))
+        except OSError as exc:
+            log.error("state directory %s unavailable (%s): user ids are hashed with a key of this run only",
+                      config.daemon.state_dir, exc.strerror)
+            return Pseudonyms.load(None)
+
     def save_top_users(self) -> None:
         """Write the top-users sketch to the state directory, if it counted anything since the
         last save (a daemon that sees no users writes nothing)."""
@@ -71,6 +96,35 @@ class Operations:
         while True:
             await asyncio.sleep(self.config.top_users.save_every_s)
             self.save_top_users()
+
+    # -- erasure -------------------------------------------------------------
+    def forget(self, user: str, tenant: Any = None, *, by: str = "local") -> dict[str, Any]:
+        """Erase `user` (of every tenant, or of `tenant`) from the top-users sketch and its saved
+        file (rewritten at once), and the inputs the sketch kept for them from the result cache
+        and the warmup backlog (a warmup input already queued or running is not kept). Answers
+        counts only; the audit log and the daemon's log name the user by its keyed hash."""
+        sketch = self.top_users
+        if sketch is None:   # nothing kept; the audit still names the user by its keyed hash
+            key, erased = self._pseudonyms(self.config)(user), {}
+        else:
+            key, erased = sketch.forget(user, None if tenant is None else (tenant,))
+        cache_keys = {(model, t, text) for t, inputs in erased.items() for model, text in inputs}
+        counts = {"sketch_users": len(erased), "sketch_inputs": len(cache_keys),
+                  "cache_entries": sum(self.cache.discard(k) for k in cache_keys) if self.cache is not None else 0,
+                  "warmup_inputs": self.engine.forget_warmup(cache_keys) if cache_keys else 0}
+        saved = True
+        if erased:
+            try:
+                sketch.save(self.top_users_path())
+                self._top_users_saved = sketch.observed
+            except OSError as exc:
+                saved = False
+                log.error("forget: could not rewrite the top-users sketch in %s: %s", self.config.daemon.state_dir,
+                          exc.strerror)
+        self.audit.erasure(key, tenant, by, counts)
+        log.info("forget by %s: user %s%s: %s", by, key[:16], f" of tenant {tenant}" if tenant is not None else "",
+                 _settings_text(counts))
+        return {**counts, "file_rewritten": bool(erased) and saved}
 
     # -- warmup -------------------------------------------------------------
     def warmup(self, model: str | None, top_users: int) -> dict[str, Any]:

@@ -43,7 +43,6 @@ from dynbatchd.quotas import Quotas
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import NvmlProbe
 from dynbatchd.tenancy import tenant_of_key
-from dynbatchd.topusers import TopUsers
 from dynbatchd.transport import FrontEnd
 
 log = logging.getLogger("dynbatchd")
@@ -64,9 +63,7 @@ class Daemon(Operations):
         self.state = "starting"
         self.cache = ResultCache(config.cache.entries, config.cache.max_bytes) if config.cache.entries else None
         self.cache_rule = plugins.cache_policies()[config.cache.policy](config.cache) if self.cache else None
-        self.top_users = (TopUsers.load(self.top_users_path(), config.top_users.users,   # texts only for the cache
-                                        config.top_users.inputs_per_user if self.cache is not None else 0)
-                          if config.top_users.users else None)
+        self.top_users = self.load_top_users(config)   # texts only for the cache; users as keyed hashes
         self._top_users_saved = self.top_users.observed if self.top_users else 0
         self.quotas = Quotas(config.quotas, clock)   # per tenant, before a request takes queue room
         self.devices = device_names(config.devices)

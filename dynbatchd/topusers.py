@@ -5,49 +5,86 @@ ask; the daemon sees exactly that, so it counts it as requests go by. Users
 are counted with Space-Saving (Metwally, Agrawal & El Abbadi, 2005), pruned in
 batches: up to 25 % more users than the bound are kept, then the least active
 are dropped at once and the highest count dropped becomes the floor a new user
-starts from. A user's count is never under its true count and over it by at
-most its `error`; every user more active than the floor is kept. Each user
-keeps its most frequent inputs the same way. Cost per request: two dict
-updates, and a sort once every `users / 4` new users.
+starts from. A user's count is never under its true count (within the
+retention below) and over it by at most its `error`; every user more active
+than the floor is kept. Each user keeps its most frequent inputs the same way.
+Cost per request: an HMAC, two dict updates, and a sort once every `users / 4`
+new users.
 
-The inputs are payload text. They are kept only here and in the state file
-``top-users.msgpack`` (mode 0600, in ``[daemon] state_dir``), never logged;
-requests of isolated channels are never observed. ``[top_users] users = 0``
-turns it off. Texts are kept only where they can serve (data minimisation): the daemon
-builds the sketch with ``inputs_per_user = 0`` when the result cache is off, and then it
-counts requests per user only, keeps no text, and drops the texts of a sketch saved before.
+Data minimisation. The inputs are payload text. They are kept only here and in
+the state file ``top-users.msgpack`` (mode 0600, in ``[daemon] state_dir``),
+never logged; requests of isolated channels are never observed. ``[top_users]
+users = 0`` turns it off.
+
+- Texts are kept only where they can serve: the daemon builds the sketch with
+  ``inputs_per_user = 0`` when the result cache is off, and then it keeps no
+  text, and drops the texts of a sketch saved before.
+- Retention: each text and each user carries when it was last seen (wall-clock
+  seconds, from the injected `clock`). A text not asked for ``retain_days`` is
+  dropped, and so is a user not seen for that long, count and all: on observe
+  (a sweep at most every `SWEEP_S`), on save and on load.
+- Users are kept as a keyed hash of their id (`dynbatchd.pseudonyms`), never by
+  name: counting needs only a stable id, and `forget` hashes the name it is
+  given. The file records which key made them (`key_id`); loaded under another
+  key the sketch starts afresh (its pseudonyms could no longer be matched).
+- A file of the first format (plain user ids, texts with no date) is converted
+  at load: each id is hashed, counts kept, and every text dropped, since its age
+  cannot be known.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import msgspec
 
 log = logging.getLogger(__name__)
 
 FILE_NAME = "top-users.msgpack"
-FORMAT = 1
+FORMAT = 2
 SLACK = 1.25      # prune when this many times the bound are held
+DAY_S = 86_400
+SWEEP_S = 3_600   # observe sweeps expired texts and users at most this often
+
+
+def plain(user: str) -> str:
+    """No pseudonym: the id as given (tests and tools reading a sketch; the daemon always hashes)."""
+    return user
 
 
 class UserRecord(msgspec.Struct, array_like=True, gc=False):
-    """One user as saved: (tenant, user), requests counted, the most it is over, inputs by count."""
+    """One user as saved: (tenant, user key), requests counted, the most it is over, when last
+    seen, inputs by count."""
     tenant: str | None
     user: str
     count: int
     error: int
-    inputs: list[tuple[str, str, int]]   # (model, text, times asked)
+    last_seen: int
+    inputs: list[tuple[str, str, int, int]]   # (model, text, times asked, last asked)
 
 
 class SavedSketch(msgspec.Struct, gc=False):
     format: int
     observed: int
     floor: int
+    key_id: str            # the pseudonym key's id; "" for plain ids
     users: list[UserRecord]
+
+
+class Format(msgspec.Struct):
+    format: int
+
+
+class FirstFormat(msgspec.Struct, gc=False):
+    """A file saved before retention and pseudonyms: plain ids, texts without a date."""
+    format: int
+    observed: int
+    floor: int
+    users: list[tuple[str | None, str, int, int, list[tuple[str, str, int]]]]
 
 
 def encodes(record: UserRecord) -> bool:
@@ -59,38 +96,74 @@ def encodes(record: UserRecord) -> bool:
 
 
 class TopUsers:
-    __slots__ = ("limit", "inputs_per_user", "observed", "floor", "_users")
+    __slots__ = ("limit", "inputs_per_user", "observed", "floor", "_users", "pseudonym", "retain_s", "clock",
+                 "_next_sweep")
 
-    def __init__(self, users: int = 50_000, inputs_per_user: int = 4):
+    def __init__(self, users: int = 50_000, inputs_per_user: int = 4, *,
+                 pseudonym: Callable[[str], str] = plain, retain_days: float = 30.0,
+                 clock: Callable[[], float] = time.time):
         # inputs_per_user 0: no text is kept (the cache is off: warmup could not use it)
         self.limit = users
         self.inputs_per_user = inputs_per_user
+        self.pseudonym = pseudonym       # user id -> what is kept (a `Pseudonyms` in the daemon)
+        self.retain_s = retain_days * DAY_S
+        self.clock = clock
         self.observed = 0      # requests counted since the sketch began (across restarts)
         self.floor = 0         # the highest count of a user pruned so far
-        # (tenant, user) -> [count, error, {(model, text): count}]
+        # (tenant, user key) -> [count, error, last seen, {(model, text): [count, last seen]}]
         self._users: dict[tuple[str | None, str], list[Any]] = {}
+        self._next_sweep = 0.0
 
     def __len__(self) -> int:
         return len(self._users)
 
+    @property
+    def key_id(self) -> str:
+        return getattr(self.pseudonym, "key_id", "")
+
     def observe(self, tenant: str | None, user: str, model: str, text: str) -> None:
         """Count one request of `user` with input `text` (the request path calls this)."""
+        now = self.clock()
+        if now >= self._next_sweep:
+            self.expire(now)
         self.observed += 1
-        key = (tenant, user)
+        key = (tenant, self.pseudonym(user))
         entry = self._users.get(key)
         if entry is None:
             if len(self._users) >= self.limit * SLACK:   # before the newcomer, so it is always counted
                 self._prune()
-            entry = self._users[key] = [self.floor, self.floor, {}]
+            entry = self._users[key] = [self.floor, self.floor, now, {}]
         entry[0] += 1
+        entry[2] = now
         if not self.inputs_per_user:
             return
-        inputs = entry[2]
+        inputs = entry[3]
         asked = (model, text)
-        inputs[asked] = inputs.get(asked, 0) + 1
+        seen = inputs.get(asked)
+        if seen is None:
+            inputs[asked] = [1, now]
+        else:
+            seen[0] += 1
+            seen[1] = now
         if len(inputs) > 2 * self.inputs_per_user:
-            keep = sorted(inputs.items(), key=lambda kv: -kv[1])[:self.inputs_per_user]
-            entry[2] = dict(keep)
+            keep = sorted(inputs.items(), key=lambda kv: -kv[1][0])[:self.inputs_per_user]
+            entry[3] = dict(keep)
+
+    def expire(self, now: float | None = None) -> int:
+        """Drop texts not asked, and users not seen, for `retain_days`; the number of texts dropped."""
+        now = self.clock() if now is None else now
+        self._next_sweep = now + min(SWEEP_S, self.retain_s / 24)
+        oldest = now - self.retain_s
+        dropped = 0
+        for key in [k for k, e in self._users.items() if e[2] < oldest]:
+            dropped += len(self._users.pop(key)[3])
+        for entry in self._users.values():
+            inputs = entry[3]
+            stale = [asked for asked, (_, seen) in inputs.items() if seen < oldest]
+            for asked in stale:
+                del inputs[asked]
+            dropped += len(stale)
+        return dropped
 
     def _prune(self) -> None:
         ranked = sorted(self._users.items(), key=lambda kv: -kv[1][0])
@@ -99,29 +172,38 @@ class TopUsers:
         self._users = dict(ranked[:self.limit])
 
     def top(self, n: int) -> Iterator[tuple[str | None, str, int, list[tuple[str, str]]]]:
-        """The `n` most active users, most active first: (tenant, user, count, [(model, text)]),
+        """The `n` most active users, most active first: (tenant, user key, count, [(model, text)]),
         each user's inputs most asked first."""
         ranked = sorted(self._users.items(), key=lambda kv: (-kv[1][0], kv[0][1]))[:n]
-        for (tenant, user), (count, _, inputs) in ranked:
-            asked = sorted(inputs.items(), key=lambda kv: -kv[1])[:self.inputs_per_user]
+        for (tenant, user), (count, _, _, inputs) in ranked:
+            asked = sorted(inputs.items(), key=lambda kv: -kv[1][0])[:self.inputs_per_user]
             yield tenant, user, count, [mt for mt, _ in asked]
 
     def count(self, user: str, tenant: str | None = None) -> int:
-        entry = self._users.get((tenant, user))
+        entry = self._users.get((tenant, self.pseudonym(user)))
         return entry[0] if entry else 0
+
+    def forget(self, user: str, tenants: Any = None) -> tuple[str, dict[str | None, list[tuple[str, str]]]]:
+        """Erase `user` of every tenant (or of those in `tenants` only): (its key, {tenant: its
+        inputs erased}), the inputs looked up before they go."""
+        key = self.pseudonym(user)
+        gone = [k for k in self._users if k[1] == key and (tenants is None or k[0] in tenants)]
+        return key, {k[0]: list(self._users.pop(k)[3]) for k in gone}
 
     # -- the state file ------------------------------------------------------
     def save(self, path: str | os.PathLike) -> None:
-        """Write the sketch to `path` atomically, readable by its owner only (it holds payload text)."""
-        records = [UserRecord(t, u, c, e, [(m, x, k) for (m, x), k in inputs.items()])
-                   for (t, u), (c, e, inputs) in self._users.items()]
+        """Write the sketch to `path` atomically, readable by its owner only (it holds payload text),
+        after dropping what is past its retention."""
+        self.expire()
+        records = [UserRecord(t, u, c, e, int(seen), [(m, x, k, int(at)) for (m, x), (k, at) in inputs.items()])
+                   for (t, u), (c, e, seen, inputs) in self._users.items()]
         try:
-            data = msgspec.msgpack.encode(SavedSketch(FORMAT, self.observed, self.floor, records))
+            data = msgspec.msgpack.encode(SavedSketch(FORMAT, self.observed, self.floor, self.key_id, records))
         except UnicodeEncodeError:   # a string no door should have let in: the rest is still saved
             kept = [r for r in records if encodes(r)]
             log.warning("top-users: %d users with text that is not UTF-8 left out of the saved sketch",
                         len(records) - len(kept))
-            data = msgspec.msgpack.encode(SavedSketch(FORMAT, self.observed, self.floor, kept))
+            data = msgspec.msgpack.encode(SavedSketch(FORMAT, self.observed, self.floor, self.key_id, kept))
         path = Path(path)
         partial = path.with_name(path.name + ".partial")
         fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -133,24 +215,53 @@ class TopUsers:
         os.replace(partial, path)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, users: int = 50_000, inputs_per_user: int = 4) -> "TopUsers":
-        """The sketch saved at `path`; an empty one if there is none or it cannot be read (logged,
-        without its content)."""
-        sketch = cls(users, inputs_per_user)
+    def load(cls, path: str | os.PathLike, users: int = 50_000, inputs_per_user: int = 4,
+             **options: Any) -> "TopUsers":
+        """The sketch saved at `path` (`options`: the constructor's pseudonym, retain_days, clock),
+        less what is past its retention; an empty one if there is none or it cannot be read
+        (logged, without its content)."""
+        sketch = cls(users, inputs_per_user, **options)
         try:
-            saved = msgspec.msgpack.decode(Path(path).read_bytes(), type=SavedSketch)
+            raw = Path(path).read_bytes()
+            version = msgspec.msgpack.decode(raw, type=Format).format
+            saved = msgspec.msgpack.decode(raw, type=FirstFormat if version == 1 else SavedSketch)
         except FileNotFoundError:
             return sketch
         except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("top-users file %s is unreadable (%s); starting a new one", path, type(exc).__name__)
             return sketch
+        if isinstance(saved, FirstFormat):
+            return sketch._converted(saved, path)
         if saved.format != FORMAT:
             log.warning("top-users file %s has format %s, not %s; starting a new one", path, saved.format, FORMAT)
             return sketch
+        if saved.key_id != sketch.key_id and sketch.pseudonym is not plain:
+            if saved.key_id:   # hashed under another key: nobody could erase these users by name
+                log.warning("top-users file %s was hashed with another user-id key; starting a new one", path)
+                return sketch
+            rename = sketch.pseudonym   # saved with plain ids (a tool's): hashed now
+        else:
+            rename = plain
         sketch.observed, sketch.floor = saved.observed, saved.floor
-        sketch._users = {(r.tenant, r.user): [r.count, r.error, {(m, x): k for m, x, k in r.inputs}
-                                                               if inputs_per_user else {}]
+        sketch._users = {(r.tenant, rename(r.user)): [r.count, r.error, r.last_seen,
+                                                       {(m, x): [k, at] for m, x, k, at in r.inputs}
+                                                       if inputs_per_user else {}]
                          for r in saved.users}
-        if len(sketch._users) > users:
-            sketch._prune()
+        sketch._settle(users)
         return sketch
+
+    def _converted(self, saved: FirstFormat, path: str | os.PathLike) -> "TopUsers":
+        """A first-format file: ids hashed, counts kept as seen now, every text dropped (no date)."""
+        now = int(self.clock())
+        self.observed, self.floor = saved.observed, saved.floor
+        for tenant, user, count, error, _ in saved.users:
+            self._users[(tenant, self.pseudonym(user))] = [count, error, now, {}]
+        log.info("top-users file %s converted from format %d: user ids hashed, %d users kept, their input "
+                 "texts dropped (their age is unknown)", path, saved.format, len(self._users))
+        self._settle(self.limit)
+        return self
+
+    def _settle(self, users: int) -> None:
+        self.expire()
+        if len(self._users) > users:
+            self._prune()

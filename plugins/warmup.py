@@ -45,11 +45,11 @@ def top_user_inputs(path: Path, top_users: int) -> list[str]:
     return [text for user in ranked for text in inputs[user]]
 
 
-def observed_jobs(path: Path, model: str, top_users: int) -> list[WarmupJob]:
+def observed_jobs(path: Path, model: str, top_users: int, retain_days: float = 30.0) -> list[WarmupJob]:
     """The inputs of `model` that the `top_users` most active users sent, one job per tenant,
-    most active users first."""
+    most active users first (none past `retain_days`)."""
     by_tenant: dict[str | None, WarmupJob] = {}
-    for tenant, _, _, inputs in topusers.TopUsers.load(path).top(top_users):
+    for tenant, _, _, inputs in topusers.TopUsers.load(path, retain_days=retain_days).top(top_users):
         texts = [text for m, text in inputs if m == model]
         if texts:
             by_tenant.setdefault(tenant, WarmupJob(model, tenant=tenant)).inputs.extend(texts)
@@ -60,7 +60,8 @@ def observed_jobs(path: Path, model: str, top_users: int) -> list[WarmupJob]:
 def dynbatchd_warmup(model: str, top_users: int, config) -> list[WarmupJob] | WarmupJob | None:
     source = config.plugins.get("warmup", {}).get("source")
     if not source:
-        return observed_jobs(state_path(config.daemon, topusers.FILE_NAME), model, top_users)
+        return observed_jobs(state_path(config.daemon, topusers.FILE_NAME), model, top_users,
+                             config.top_users.retain_days)
     path = Path(source)
     if not path.is_file():
         log.warning("warmup source %s does not exist", path)

@@ -58,7 +58,7 @@ def plugins():
 def test_every_command_is_open_to_clients_or_an_admins():
     assert set(OPEN_TO_CLIENTS) <= set(COMMANDS)
     admin_only = sorted(c for c in COMMANDS if needs_admin(c, {}))
-    assert admin_only == ["config", "reload", "stop", "tune", "warmup"]   # canary: by action, below
+    assert admin_only == ["config", "forget", "reload", "stop", "tune", "warmup"]   # canary: by action, below
     assert not needs_admin("canary", {}) and not needs_admin("canary", {"action": "status"})
     assert needs_admin("canary", {"action": "start"}) and needs_admin("canary", {"action": "stop"})
 
@@ -97,7 +97,8 @@ def test_a_client_key_reads_and_only_an_admin_key_changes_or_stops(keys, plugins
 
         out = {"client " + cmd: await call(keys.alice, cmd) for cmd in ("ping", "status", "plugins", "canary")}
         for cmd, args in (("tune", {"channel": "standard", "max_batch": 2}), ("reload", {}), ("config", {}),
-                          ("warmup", {}), ("canary", {"action": "start", "channel": "standard"}),
+                          ("warmup", {}), ("forget", {"user": "someone"}),
+                          ("canary", {"action": "start", "channel": "standard"}),
                           ("canary", {"action": "stop", "channel": "standard"}), ("stop", {})):
             out[f"client {cmd} {args.get('action', '')}".strip()] = await call(keys.alice, cmd, **args)
         out["state after the client's stop"] = daemon.state
@@ -123,11 +124,11 @@ def test_a_client_key_reads_and_only_an_admin_key_changes_or_stops(keys, plugins
     assert out.pop("client status") == {"daemon": {"state": "serving"}}   # no other tenant's refusals
     assert out.pop("admin status")["compliance"] == {"recent": [{"tenant": "hospital-b"}]}
     assert out.pop("client canary") == {"running": {}, "ended": {}}
-    for cmd in ("tune", "reload", "config", "warmup", "canary start", "canary stop", "stop"):
+    for cmd in ("tune", "reload", "config", "warmup", "forget", "canary start", "canary stop", "stop"):
         refusal = out.pop(f"client {cmd}")
         assert refusal.startswith(f"control: {cmd.split()[0]} needs an admin key: CURVE key 'alice' is a client's"), refusal
     assert out.pop("state after the client's stop") == "serving"
-    assert out.pop("refused") == 7
+    assert out.pop("refused") == 8
     assert out.pop("admin stop") == {"state": "draining"}
     assert out.pop("alice, made admin") == {"state": "draining"}
     assert out.pop("bob, made client").startswith("control: stop needs an admin key: CURVE key 'bob'")

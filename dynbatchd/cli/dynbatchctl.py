@@ -584,6 +584,29 @@ def warmup(ctx: typer.Context,
 
 
 @app.command()
+def forget(ctx: typer.Context, user: str = typer.Argument(..., help="The user id, as clients send it in \"user\"."),
+           tenant: Optional[str] = typer.Option(None, "--tenant", help="Only this tenant's user of that id "
+                                                                     "(default: every tenant's)."),
+           as_json: bool = JsonOption) -> None:
+    """Erase a user: from the top-users sketch and its saved file, from the result cache, from the warmup backlog.
+
+    The result-cache entries erased are those of the inputs the sketch kept for
+    the user (looked up before the sketch forgets them); a warmup input of theirs
+    already queued or running still runs, and its result is not kept. Prints
+    what was erased, as counts. The audit log records it with the user id's
+    keyed hash, never the id or an input. Needs an admin key over tcp://.
+    """
+    data = _control(ctx, "forget", user=user, **({"tenant": tenant} if tenant is not None else {}))
+    if as_json:
+        _emit_json(data)
+        return
+    out.print(f"erased {data['sketch_users']} user record(s) with {data['sketch_inputs']} input(s) from the "
+              f"top-users sketch{' (file rewritten)' if data.get('file_rewritten') else ''}, "
+              f"{data['cache_entries']} result-cache entr{'y' if data['cache_entries'] == 1 else 'ies'}, "
+              f"{data['warmup_inputs']} warmup input(s)", highlight=False, markup=False)
+
+
+@app.command()
 def stop(ctx: typer.Context, as_json: bool = typer.Option(False, "--json", help='Print {"state": "draining"}.')
          ) -> None:
     """Drain and stop the daemon (same as SIGTERM)."""

@@ -50,7 +50,7 @@ def config(daemon) -> dict[str, Any]:
     return cfgmod.to_dict(daemon.config)
 
 
-TAKES_PEER = ("tune", "canary", "reload")
+TAKES_PEER = ("tune", "canary", "reload", "forget")
 FORCE_HINT = "(--force applies it anyway, and the daemon logs that it was forced)"
 
 
@@ -204,6 +204,22 @@ def warmup(daemon, top_users: int = 10_000, model: str | None = None) -> dict[st
     return daemon.warmup(model, int(top_users))
 
 
+def forget(daemon, user: str, tenant: str | None = None, by: str = "local") -> dict[str, Any]:
+    """`forget user=NAME [tenant=T]` -> {"sketch_users", "sketch_inputs", "cache_entries",
+    "warmup_inputs", "file_rewritten"}: counts only.
+
+    Erases the user (of every tenant, or of tenant T) from the top-users sketch and its saved
+    file (rewritten at once), the result-cache entries of the inputs the sketch kept for them
+    (looked up before the sketch forgets them), and those inputs from the warmup backlog. The
+    audit log records the erasure with the user id's keyed hash, never the id or an input.
+    """
+    if not isinstance(user, str) or not user:
+        raise CommandError("user is the user id to erase (a non-empty string)")
+    if tenant is not None and not isinstance(tenant, str):
+        raise CommandError("tenant is a tenant name (a string)")
+    return daemon.forget(user, tenant, by=by)
+
+
 def stop(daemon) -> dict[str, Any]:
     """`stop` -> {"state": "draining"}: drain and exit (same as SIGTERM)."""
     daemon.request_stop()
@@ -212,7 +228,7 @@ def stop(daemon) -> dict[str, Any]:
 
 COMMANDS: dict[str, Callable[..., Any]] = {
     "ping": ping, "status": status, "plugins": plugins, "config": config,
-    "tune": tune, "canary": canary, "reload": reload, "warmup": warmup, "stop": stop,
+    "tune": tune, "canary": canary, "reload": reload, "warmup": warmup, "forget": forget, "stop": stop,
 }
 
 # What a CURVE client key (keys_dir/clients/) may ask: reading the daemon's state. Everything
