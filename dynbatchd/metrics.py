@@ -8,8 +8,9 @@ Names follow Prometheus conventions: counters end in ``_total``, and a figure
 with a unit names it (``_seconds``, ``_bytes``, ``_watts``, ``_ratio`` for
 0..1). Every channel series carries ``channel``; every worker series carries
 ``device`` and ``simulated``; GPU series (from NVML, only where NVML answers)
-carry ``device``. docs/metrics.md lists every family; grafana/dynbatchd.json
-is a dashboard over them.
+carry ``device``. Series per tenant name only the busiest tenants
+(`dynbatchd.tenantmetrics`), so their number stays bounded. docs/metrics.md
+lists every family; grafana/dynbatchd.json is a dashboard over them.
 """
 
 from __future__ import annotations
@@ -139,6 +140,7 @@ def render(status: dict[str, Any], latency: dict[str, Any] | None = None,
     _devices(page, status["devices"], gpu)
     _cache(page, status.get("cache"))
     _compliance(page, status.get("compliance"))
+    _tenants(page, status.get("tenants"))
     return page.text()
 
 
@@ -288,6 +290,15 @@ def _compliance(page: _Page, compliance: dict[str, Any] | None) -> None:
                 [(_labels(rule=d["rule"], action=d["action"]), d["count"]) for d in compliance["decisions"]])
     page.family("dynbatchd_audit_write_errors_total", "counter", "Audit records that could not be written.",
                 [("", compliance.get("write_errors", 0))])
+
+
+def _tenants(page: _Page, tenants: dict[str, Any] | None) -> None:
+    if tenants is None:
+        return
+    page.family("dynbatchd_tenant_requests_total", "counter",
+                f"Requests answered, by tenant, model and code: the {tenants['top']} busiest tenants by name, "
+                "the rest as (other), no tenant as (none).",
+                [(_labels(tenant=t, model=m, code=c), n) for t, m, c, n in tenants["answers"]])
 
 
 async def serve(listen: str, page: Callable[[], str]) -> asyncio.AbstractServer:

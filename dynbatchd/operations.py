@@ -188,10 +188,11 @@ class Operations:
             log.info("drain finished in %.1f s: every accepted request answered", took)
 
     # -- compliance ---------------------------------------------------------------
-    def _refuse(self, envelope, request_id, channel: str, tenant: str | None, rule: str, reason: str) -> None:
+    def _refuse(self, envelope, request: P.Request, channel: str, tenant: str | None, rule: str,
+                reason: str) -> None:
         self.engine.refused(channel)
-        self.audit.record(rule, "refused", channel, tenant, request_id)
-        self._reject(envelope, request_id, P.REFUSED, reason)
+        self.audit.record(rule, "refused", channel, tenant, request.id)
+        self._reject(envelope, request, P.REFUSED, reason)
 
     def _on_isolation(self, rule: str, action: str, job: Job) -> None:
         request = job.payload.request if isinstance(job.payload, Pending) else None

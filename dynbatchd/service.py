@@ -43,6 +43,7 @@ from dynbatchd.quotas import Quotas
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import NvmlProbe
 from dynbatchd.tenancy import tenant_of_key
+from dynbatchd.tenantmetrics import TenantAnswers
 from dynbatchd.transport import FrontEnd
 
 log = logging.getLogger("dynbatchd")
@@ -64,6 +65,7 @@ class Daemon(Operations):
         self.cache = ResultCache(config.cache.entries, config.cache.max_bytes) if config.cache.entries else None
         self.cache_rule = plugins.cache_policies()[config.cache.policy](config.cache) if self.cache else None
         self.top_users = self.load_top_users(config)   # texts only for the cache; users as keyed hashes
+        self.tenant_answers = TenantAnswers(models=config.models)   # for /metrics: top tenants + (other)
         self._top_users_saved = self.top_users.observed if self.top_users else 0
         self.quotas = Quotas(config.quotas, clock)   # per tenant, before a request takes queue room
         self.devices = device_names(config.devices)
@@ -171,10 +173,10 @@ class Daemon(Operations):
             self._send([answer] if job and (answer := self.engine.cancel(job, self.clock())) else ())
             return
         if self.state not in ("serving", "unavailable"):
-            self._reject(envelope, request.id, P.SHUTTING_DOWN, "daemon is shutting down")
+            self._reject(envelope, request, P.SHUTTING_DOWN, "daemon is shutting down")
             return
         if request.model not in config.models:
-            self._reject(envelope, request.id, P.UNKNOWN_MODEL, f"no model named {request.model!r}")
+            self._reject(envelope, request, P.UNKNOWN_MODEL, f"no model named {request.model!r}")
             return
         tokens = P.estimate_tokens(request)
         info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
@@ -187,17 +189,17 @@ class Daemon(Operations):
             tenant, refusal = tenant_of_key(config.compliance.key_tenants, peer, request.tenant,
                                             getattr(envelope, "tenant", None))   # an HTTP key's
             if refusal:
-                self._refuse(envelope, request.id, channel, request.tenant, *refusal)
+                self._refuse(envelope, request, channel, request.tenant, *refusal)
                 return
             info = msgspec.structs.replace(info, tenant=tenant)
         if self.plugins.has_admission_checks:
             reason = self.plugins.admit(info, channel, config)
             if reason:
-                self._refuse(envelope, request.id, channel, tenant, ADMISSION_RULE, reason)
+                self._refuse(envelope, request, channel, tenant, ADMISSION_RULE, reason)
                 return
         pending = Pending(envelope, request, frames)
         if refusal := self.quotas.admit(config.quotas, tenant, pending):
-            self._reject(envelope, request.id, P.QUOTA_EXCEEDED, refusal)
+            self._reject(envelope, request, P.QUOTA_EXCEEDED, refusal)
             return
         cache_key = rule = None
         if request.text is not None:
@@ -217,14 +219,16 @@ class Daemon(Operations):
             self._schedule_pump()
 
     def status(self) -> dict[str, Any]:
-        """Operations' status, and each tenant's quotas (the most active tenants)."""
-        return {**super().status(), "quotas": self.quotas.snapshot()}
+        """Operations' status, each tenant's quotas (the most active tenants), and the answers per
+        tenant and model (the busiest tenants by name)."""
+        return {**super().status(), "quotas": self.quotas.snapshot(), "tenants": self.tenant_answers.snapshot()}
 
-    def _reject(self, envelope, request_id, code: str, message: str) -> None:
+    def _reject(self, envelope, request: P.Request, code: str, message: str) -> None:
+        self.tenant_answers.count(request.tenant, request.model, code)
         if isinstance(envelope, LocalEnvelope):
             envelope.settle(Answer(None, code, message))
         else:
-            self.front.reject(envelope, request_id, code, message)
+            self.front.reject(envelope, request.id, code, message)
 
     def _send(self, answers) -> None:
         """Each engine answer as a reply to its client (warmup inputs have none)."""
@@ -236,6 +240,7 @@ class Daemon(Operations):
                 continue
             queued.pop((envelope[0], request.id), None)
             self.quotas.release(pending)   # its tenant's in-flight place, whatever the answer
+            self.tenant_answers.count(request.tenant, request.model, answer.code)
             if isinstance(envelope, LocalEnvelope):
                 envelope.settle(answer)
             elif front is None:

@@ -247,7 +247,7 @@ def needs_admin(cmd: str, args: dict[str, Any]) -> bool:
 
 def for_client(cmd: str, result: Any) -> Any:
     """What a client key sees of a result: `status` without the compliance audit, whose latest
-    decisions name other tenants and their request ids."""
+    decisions name other tenants and their request ids, nor the answers counted per tenant."""
     if cmd == "status" and isinstance(result, dict):
-        return {k: v for k, v in result.items() if k != "compliance"}
+        return {k: v for k, v in result.items() if k not in ("compliance", "tenants")}
     return result
