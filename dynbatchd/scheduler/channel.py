@@ -452,7 +452,7 @@ class Channel:
                 continue
             kept.append(item)
             tokens += item.tokens
-            while True:
+            while kept:   # (never emptied: a request feasible alone, or the plan before it, fits)
                 count = len(kept)
                 batches = -(-count // limit)
                 end = start + base * batches + per_item * count + per_token * tokens
