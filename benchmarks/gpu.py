@@ -11,9 +11,9 @@ other, as today's worker), the device time of a batch (CUDA events, as the
 pipeline reports it in compute_ns) and the pipelined rate
 (`dynbatchd.devices.pipeline`: the next batch is tokenised and the last one
 copied back while one runs). On a machine without CUDA it says so and exits 0.
-The daemon's figures (answered/s and p99 at fixed offered rates, 1 and N
-feeders per device) need several feeders per device in the daemon, which is
-not built yet.
+Then the daemon on the same device and model (`--feeders 1,4`): answered/s,
+p99 and device busy at fixed offered rates up to 4x that peak (`--multiples`),
+for each number of feeders per device.
 """
 
 from __future__ import annotations
@@ -71,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sizes", default="1,2,4,8,16,32,64,128,256")
     ap.add_argument("--reps", type=int, default=30, help="serial runs per point")
     ap.add_argument("--batches", type=int, default=60, help="pipelined batches per point")
+    ap.add_argument("--feeders", default="1,4", help="daemon runs: workers_per_device values (empty: no daemon runs)")
+    ap.add_argument("--multiples", default="0.5,1,2,4", help="daemon runs: offered rates as multiples of the peak")
+    ap.add_argument("--seconds", type=float, default=5.0, help="daemon runs: seconds of load at each rate")
+    ap.add_argument("--max-batch", type=int, default=128, help="daemon runs: the channel's max_batch")
+    ap.add_argument("--slo-ms", type=float, default=50.0, help="daemon runs: the channel's deadline and the p99 SLO")
     args = ap.parse_args(argv)
     print("python -m benchmarks.gpu " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
     import torch
@@ -89,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     print("| dtype | batch | serial ms | serial req/s | device ms | pipelined req/s | pipelined / serial |")
     print("|---|---|---|---|---|---|---|")
     sizes = [int(s) for s in args.sizes.split(",")]
+    peak = 0.0
     for dtype in args.dtypes.split(","):
         runner = SentenceEmbeddingRunner(args.device, {"dtype": dtype})
         runner.load()
@@ -100,10 +106,47 @@ def main(argv: list[str] | None = None) -> int:
             rate, device_ms = pipelined(runner, [sentences(size, size * 1000 + i) for i in range(args.batches)])
             print(f"| {dtype} | {size} | {ms:.2f} | {size * 1000 / ms:,.0f} | {device_ms:.2f} | {rate * size:,.0f} "
                   f"| {rate * size / (size * 1000 / ms):.2f}x |", flush=True)
+            if dtype == args.dtypes.split(",")[0] and size <= args.max_batch:
+                peak = max(peak, rate * size)
         del runner
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
+    if args.feeders and peak:
+        daemon_runs(args, peak)
     return 0
+
+
+def daemon_runs(args: argparse.Namespace, peak: float) -> None:
+    """The daemon on the same device and model: answered/s and p99 at fixed offered rates up to
+    `multiples` x the offline peak (the first dtype, batches up to max_batch), for each number of
+    feeders. Open-loop Poisson from one generator process: its send lag is printed (a late
+    generator makes latency worse, never better)."""
+    from benchmarks import loadgen
+    from benchmarks.harness import RunningDaemon
+
+    dtype = args.dtypes.split(",")[0]
+    model = {"runner": "sentence-embedding", "options": {"dtype": dtype, "max_tokens": 64}}
+    channel = {"max_batch": args.max_batch, "window_ms": args.slo_ms, "deadline_ms": args.slo_ms,
+               "queue_limit": 65_536, "window": {"policy": "slo"}}
+    texts = sentences(256, 7)
+    print(f"\nThe daemon on {args.device}, {dtype}, max_batch {args.max_batch}, slo window, deadline = SLO "
+          f"{args.slo_ms:g} ms; offline peak {peak:,.0f} req/s; {args.seconds:g} s a rate")
+    print("| feeders | offered req/s | x peak | answered ok/s | / peak | p99 ms | errors | mean batch | "
+          "send lag p99 ms | device busy |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for feeders in (int(f) for f in args.feeders.split(",")):
+        with RunningDaemon(f"gpu-{feeders}", {"minilm": model}, channel, workers_per_device=feeders,
+                           use=(args.device,), cpu_threads=1 if args.device == "cpu" else 0) as d:
+            loadgen.run(d.endpoint, "minilm", peak / 4, 2.0, inputs=texts, seed=99)   # warm every feeder
+            for i, multiple in enumerate(float(m) for m in args.multiples.split(",")):
+                before = d.status()["devices"][0].get("busy_s", 0.0)
+                r = loadgen.run(d.endpoint, "minilm", multiple * peak, args.seconds, inputs=texts, seed=i,
+                                drain_s=args.slo_ms / 1000 + 3.0)
+                busy = (d.status()["devices"][0].get("busy_s", 0.0) - before) / r.elapsed_s
+                print(f"| {feeders} | {multiple * peak:,.0f} | {multiple:g} | {r.achieved_rps:,.0f} | "
+                      f"{r.achieved_rps / peak:.2f} | {r.p99_ms:.1f} | {r.error_count} | {r.mean_batch:.1f} | "
+                      f"{r.send_lag_p99_ms:.1f} | {busy:.0%} |", flush=True)
+        d.cleanup()
 
 
 if __name__ == "__main__":

@@ -323,11 +323,12 @@ def toml_value(v: Any) -> str:
 
 
 def config_text(sock_dir: str, models: dict[str, dict[str, Any]], channel: dict[str, Any], *,
-                inflight: int = 2, cpu_threads: int = 0, log_level: str = "warning", workers_per_device: int = 1) -> str:
+                inflight: int = 2, cpu_threads: int = 0, log_level: str = "warning", workers_per_device: int = 1,
+                use: tuple[str, ...] = ("cpu",)) -> str:
     """A one-channel config: every request lands in channel `bench`."""
     lines = ["[daemon]", f'listen = "ipc://{sock_dir}/req.sock"', f'control = "ipc://{sock_dir}/ctl.sock"',
              f'log_level = "{log_level}"', "drain_timeout_s = 10.0", "",
-             "[devices]", 'use = ["cpu"]', f"inflight = {inflight}", f"cpu_threads = {cpu_threads}",
+             "[devices]", f"use = {toml_value(list(use))}", f"inflight = {inflight}", f"cpu_threads = {cpu_threads}",
              f"workers_per_device = {workers_per_device}", ""]
     for name, model in models.items():
         lines += [f"[models.{name}]"] + [f"{k} = {toml_value(v)}" for k, v in model.items()] + [""]
@@ -344,14 +345,15 @@ class RunningDaemon(Daemon):
 
     def __init__(self, name: str, models: dict[str, dict[str, Any]], channel: dict[str, Any], *,
                  inflight: int = 2, cpu_threads: int = 0, start_timeout_s: float = 300.0,
-                 profile_to: str | None = None, workers_per_device: int = 1):
+                 profile_to: str | None = None, workers_per_device: int = 1, use: tuple[str, ...] = ("cpu",)):
         self.dir = tempfile.mkdtemp(prefix=f"dynbatchd-bench-{name}-")
         self.config_path = os.path.join(self.dir, "dynbatchd.toml")
         self.log_path = os.path.join(self.dir, "daemon.log")
         self.start_timeout_s = start_timeout_s
         super().__init__(self.config_path, f"ipc://{self.dir}/req.sock", f"ipc://{self.dir}/ctl.sock",
                          config_text=config_text(self.dir, models, channel, inflight=inflight,
-                                                 cpu_threads=cpu_threads, workers_per_device=workers_per_device),
+                                                 cpu_threads=cpu_threads, workers_per_device=workers_per_device,
+                                                 use=use),
                          log=self.log_path, profile_to=profile_to, name=f"dynbatchd ({name})")
 
     def __enter__(self) -> "RunningDaemon":

@@ -207,7 +207,8 @@ class DeviceStats:
     def snapshot(self, now_ns: int) -> dict[str, Any]:
         span = now_ns - self.since_ns
         return {"device": self.name, "inflight": self.inflight, "batches": self.batches, "items": self.items,
-                "busy_fraction": min(1.0, self.busy_ns / span) if span > 0 else 0.0}
+                "busy_fraction": min(1.0, self.busy_ns / span) if span > 0 else 0.0,
+                "busy_s": round(self.busy_ns / 1e9, 6)}   # device time so far: a benchmark's difference of two
 
 
 def health_score(qps: float, qps_target: float, p99_ms: float, p99_target_ms: float,
