@@ -21,9 +21,9 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-from rich.table import Table
 
 from dynbatchd import config as cfgmod
+from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.client import DynbatchdError
 from dynbatchd.tuning import bench as B
 from dynbatchd.tuning import cells, plots
@@ -60,7 +60,7 @@ def _load_config(ctx: typer.Context) -> tuple[cfgmod.Config, Path | None]:
         raise fail(str(exc), 2) from None
 
 
-def _history(db_path: Path, channel: str | None, model: str | None, as_json: bool) -> None:
+def _history(db_path: Path, channel: str | None, model: str | None, as_json: bool, wide: bool = False) -> None:
     with connect(db_path) as db:
         rows = cells.query(db, channel=channel, model=model)
     if as_json:
@@ -69,28 +69,30 @@ def _history(db_path: Path, channel: str | None, model: str | None, as_json: boo
     if not rows:
         out.print(f"no bench cells recorded in {escape(str(db_path))}", highlight=False, soft_wrap=True)
         return
-    _table(rows, f"bench history ({db_path})", history=True)
+    _table(rows, f"bench history ({db_path})", history=True, wide=wide)
 
 
-def _table(rows: list[dict[str, Any]], title: str, history: bool = False) -> None:
-    """Cells as a table; a history also says when, where and on which commit each ran."""
-    table = Table(title=title)
+def _table(rows: list[dict[str, Any]], title: str, history: bool = False, wide: bool = False) -> None:
+    """Cells as a table that fits the terminal (`wide`: every column); a history also says when and where
+    each ran."""
+    rank = {"when (UTC)": 1, "channel": 2, "kind": 0, "batch": 0, "window ms": 0, "load": 0, "QPS": 0, "p99 ms": 0,
+            "on time": 0, "util": 3, "fill": 4}
     cols = (("when (UTC)", "channel", "kind", "batch", "window ms", "load", "QPS", "p99 ms", "on time") if history
             else ("kind", "batch", "window ms", "load", "QPS", "p99 ms", "on time", "util", "fill"))
-    for col in cols:
-        table.add_column(col, justify="left" if col in ("when (UTC)", "kind", "channel", "model", "commit") else "right")
+    shown = []
     for r in rows:
         where = (time.strftime("%m-%d %H:%M", time.gmtime(r["at"])), r["channel"]) if history else ()
         tail = () if history else (
             "-" if r["device_utilisation"] is None else f"{100 * r['device_utilisation']:.0f}%",
             "-" if r["fill_rate"] is None else f"{r['fill_rate']:.2f}")
-        table.add_row(*where, "SIM" if r["simulated"] else "live", str(r["max_batch"]), f"{r['window_ms']:g}",
+        shown.append([*where, "SIM" if r["simulated"] else "live", str(r["max_batch"]), f"{r['window_ms']:g}",
                       f"{r['load']:g}{'c' if r['load_kind'] == 'closed' else '/s'}", f"{r['qps']:.0f}",
                       "-" if r["p99_ms"] is None else f"{r['p99_ms']:.0f}",
-                      "-" if r["on_time"] is None else f"{100 * r['on_time']:.1f}%", *tail)
-    out.print(table)
+                      "-" if r["on_time"] is None else f"{100 * r['on_time']:.1f}%", *tail])
+    show(out, fit_table(title, [(c, rank[c]) for c in cols], shown, out, wide,
+                        left={"when (UTC)", "kind", "channel"}), wide)
     out.print("load: Nc = N clients always waiting (closed loop), N/s = N requests per second (open loop); "
-              "SIM = SIMULATED", highlight=False, soft_wrap=True)
+              "SIM = SIMULATED", highlight=False)
 
 
 class _Stop(Exception):
@@ -133,6 +135,7 @@ def bench(ctx: typer.Context,
           out_dir: Optional[Path] = typer.Option(None, "--out", help="Folder for the pictures (default: "
                                                                      "STATE_DIR/bench/<UTC time>/)."),
           seed: int = typer.Option(1, "--seed", help="Random seed of the request sizes and arrivals."),
+          wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
           as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Run the guide's test matrix (load × mix × max_batch × window) and record every cell.
 
@@ -147,7 +150,7 @@ def bench(ctx: typer.Context,
     db_path = db or database_path(cfg.daemon)
     if history:
         try:
-            return _history(db_path, channel, model, as_json)
+            return _history(db_path, channel, model, as_json, wide)
         except (OSError, cells.sqlite3.Error) as exc:
             raise fail(f"the configuration database {db_path}: {exc}", 1) from None
     shape = B.QUICK if quick else B.FULL
@@ -257,18 +260,20 @@ def bench(ctx: typer.Context,
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
     else:
-        _table(list(reversed(rows)), ("SIMULATED " if simulated else "") + f"bench {channel} / {model}, run {run_id}, commit {commit}")
+        _table(list(reversed(rows)), ("SIMULATED " if simulated else "") + f"bench {channel} / {model}, run {run_id}, "
+               f"commit {commit}", wide=wide)
         top = data["best"]
         if top:
             out.print(f"best: max_batch={top['max_batch']} window_ms={top['window_ms']:g} at load {top['load']:g}: "
                       f"{top['qps']:.1f} QPS, {100 * (top['on_time'] or 0):.1f}% on time"
-                      + (" (SIMULATED)" if simulated else ""), highlight=False, soft_wrap=True)
+                      + (" (SIMULATED)" if simulated else ""), highlight=False)
         curves = {f"max_batch={b} window_ms={w:g}": c for (b, w), c in plots.curves(rows).items()}
         for name, knee in knees.items():
             out.print(f"knee {name}: " + (f"load {knee['load']:g}, {knee['qps']:.1f} QPS" if knee
                                           else "none found" + _why_no_knee(curves[name])), highlight=False)
         for kind, path in pictures.items():
-            out.print(f"{kind}: {escape(path)}", highlight=False, soft_wrap=True)
+            out.print(f"{kind}:", highlight=False)   # the path alone on its line, whole: it is copied, not read
+            out.print(escape(path), highlight=False, soft_wrap=True)
         if live is not None and live.restored:
             out.print(f"channel {escape(channel)} restored: " + ", ".join(f"{k}={v}" for k, v in live.original.items()),
                       highlight=False)

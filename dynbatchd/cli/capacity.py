@@ -18,11 +18,11 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from dynbatchd import capacity as cap
 from dynbatchd import config as cfgmod
 from dynbatchd.plugins import PluginError, Plugins
+from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.validation import validate_config
 
 
@@ -69,7 +69,8 @@ def build(config: Path | None, requests_per_day: str, peak_factor: float, durati
     return data
 
 
-def render(data: dict[str, Any], out: Console) -> None:
+def render(data: dict[str, Any], out: Console, wide: bool = False) -> None:
+    """The report for a person: the tables fit the console (the monthly cost always shown); `wide`: all columns."""
     t = data["traffic"]
     out.print(f"[yellow]SIMULATED[/yellow] {t['requests_per_day']:,.0f} requests/day, peak ×{t['peak_factor']:g} = "
               f"{t['peak_rps']:.1f} req/s, {t['simulated_seconds']:g} s of peak traffic per trial "
@@ -87,39 +88,37 @@ def render(data: dict[str, Any], out: Console) -> None:
                       f"${kind['price_per_hour']:.2f}/h" + (" [yellow](ESTIMATES)[/yellow]" if kind["estimate"] else ""),
                       highlight=False)
         out.print(f"[dim]source: {escape(prof['source'])}[/dim]", highlight=False)
-        table = Table(title=f"{prof['name']}: pool at the peak hour (SIMULATED)")
-        for col in ("", "devices", "monthly cost", "J/request", "device ms/request", "utilisation", "searched"):
-            table.add_column(col, justify="left" if col == "" else "right")
+        pool = [("", 0), ("devices", 0), ("monthly cost", 0), ("J/request", 1), ("device ms/request", 3),
+                ("utilisation", 2), ("price", 4), ("searched", 5)]
+        pool_rows = []
         for label, key in (("with batching", "batched"), ("without (max_batch 1)", "unbatched")):
             s = p[key]
-            table.add_row(label, str(s["devices"]),
-                          f"{s['units']}×${prof['price_per_hour']:.2f}×{data['hours_per_month']:g}h="
-                          f"{_money(s['monthly_cost'])}",
-                          f"{s['energy_j_per_request']:.3f}", f"{s['busy_ms_per_request']:.3f}",
-                          f"{100 * s['utilisation']:.1f}%",
-                          " ".join(f"{tr['devices']}{'✓' if tr['holds'] else '✗'}" for tr in s["trials"]))
-        out.print(table)
-        chans = Table(title=f"{prof['name']}: on time per channel (SIMULATED)")
-        for col in ("channel", "target", "batched", "p99 ms", "mean batch", "unbatched", "p99 ms "):
-            chans.add_column(col, justify="left" if col == "channel" else "right")
+            pool_rows.append([label, str(s["devices"]), _money(s["monthly_cost"]), f"{s['energy_j_per_request']:.3f}",
+                              f"{s['busy_ms_per_request']:.3f}", f"{100 * s['utilisation']:.1f}%",
+                              f"{s['units']}×${prof['price_per_hour']:.2f}×{data['hours_per_month']:g}h",
+                              " ".join(f"{tr['devices']}{'✓' if tr['holds'] else '✗'}" for tr in s["trials"])])
+        show(out, fit_table(f"{prof['name']}: pool at the peak hour (SIMULATED)", pool, pool_rows, out, wide,
+                            left={""}), wide)
+        per = [("channel", 0), ("target", 2), ("batched", 0), ("p99 ms", 1), ("mean batch", 3), ("unbatched", 1),
+               ("unbatched p99", 4)]
+        per_rows = []
         for name, target in p["targets"].items():
             b, u = p["batched"]["channels"].get(name), p["unbatched"]["channels"].get(name)
             if b is None and u is None:
                 continue
-            chans.add_row(name, _pct(target), _pct(b and b["on_time"]), f"{b['p99_ms']:.1f}" if b else "-",
-                          f"{b['mean_batch']:.1f}" if b else "-", _pct(u and u["on_time"]),
-                          f"{u['p99_ms']:.1f}" if u else "-")
-        out.print(chans)
+            per_rows.append([name, _pct(target), _pct(b and b["on_time"]), f"{b['p99_ms']:.1f}" if b else "-",
+                             f"{b['mean_batch']:.1f}" if b else "-", _pct(u and u["on_time"]),
+                             f"{u['p99_ms']:.1f}" if u else "-"])
+        show(out, fit_table(f"{prof['name']}: on time per channel (SIMULATED)", per, per_rows, out, wide,
+                            left={"channel"}), wide)
         s = p["savings"]
         out.print(f"this traffic: batching saves {_pct(s['devices'])} of the devices, {_pct(s['energy_per_request'])} "
                   f"of the energy per request, {_money(s['monthly_cost'])} a month", highlight=False)
-        claims = Table(title="the guide's claims, checked on this traffic (SIMULATED)")
-        for col in ("claim", "this traffic", "holds"):
-            claims.add_column(col, justify="left" if col == "claim" else "right")
-        for cl in p["claims"]:
-            claims.add_row(cl["claim"] + (f" ({cl['channel']})" if cl.get("channel") else ""),
-                           _pct(cl["this_traffic"]), "[green]yes[/green]" if cl["holds"] else "[red]no[/red]")
-        out.print(claims)
+        claim_rows = [[cl["claim"] + (f" ({cl['channel']})" if cl.get("channel") else ""), _pct(cl["this_traffic"]),
+                       "[green]yes[/green]" if cl["holds"] else "[red]no[/red]"] for cl in p["claims"]]
+        show(out, fit_table("the guide's claims, checked on this traffic (SIMULATED)",
+                            [("claim", 0), ("this traffic", 0), ("holds", 0)], claim_rows, out, wide,
+                            left={"claim"}), wide)
     if "comparison" in data:
         c = data["comparison"]
         out.print(f"\n{c['profiles'][1]} vs {c['profiles'][0]} (batched): ×{c['devices_ratio']:.2f} devices, "
@@ -194,6 +193,7 @@ def capacity(ctx: typer.Context,
                                                    help="On-time fraction the highest-priority channel must hold."),
              seed: int = typer.Option(1, "--seed", help="Random seed (the run is deterministic)."),
              out: Optional[Path] = typer.Option(None, "--out", help="Also write an HTML summary to this file."),
+             wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Devices, monthly cost and energy per request for a daily volume, with and without batching (SIMULATED)."""
     try:
@@ -207,6 +207,6 @@ def capacity(ctx: typer.Context,
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     else:
-        render(data, Console())
+        render(data, Console(), wide)
         if out is not None:
             Console().print(f"summary written to {out}")

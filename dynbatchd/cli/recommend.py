@@ -23,7 +23,6 @@ import msgspec
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from dynbatchd import config as cfgmod
 from dynbatchd.client import DynbatchdError, control_call
@@ -31,6 +30,7 @@ from dynbatchd.config import ConfigError
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, simulate
 from dynbatchd.tuning.collector import MIN_BATCHES
+from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.validation import validate_config
 
 SECOND = 1_000_000_000
@@ -142,6 +142,7 @@ def recommend(ctx: typer.Context,
               duration: float = typer.Option(20.0, "--duration", min=1.0, help="Seconds of traffic to simulate."),
               seed: int = typer.Option(1, "--seed", help="Random seed (the run is deterministic)."),
               apply: bool = typer.Option(False, "--apply", help="Apply the recommendations with tune."),
+              wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
               as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Recommend max_batch and window per channel from the daemon's observed traffic (SIMULATED)."""
     err = Console(stderr=True)
@@ -170,15 +171,16 @@ def recommend(ctx: typer.Context,
               f"observed traffic, on {plan['devices']} device(s) costing {plan['device_model']['base_ms']:.2f} ms + "
               f"{plan['device_model']['per_item_ms']:.3f} ms/request + {plan['device_model']['per_token_ms']:.5f} "
               "ms/token per batch (learned by the daemon)", highlight=False)
-    table = Table(title="recommendations (SIMULATED)")
-    for col in ("channel", "now", "on time", "p99 ms", "recommended", "on time ", "p99 ms ", ""):
-        table.add_column(col, justify="left" if col in ("channel", "now", "recommended", "") else "right")
+    columns = [("channel", 0), ("now", 0), ("on time", 1), ("p99 ms", 3), ("recommended", 0), ("then on time", 0),
+               ("then p99 ms", 2), ("", 0)]
+    rows = []
     for name, p in plan["channels"].items():
         c, r = p["current"], p["recommended"]
-        table.add_row(name, f"{c['max_batch']} / {c['window_ms']:g} ms", f"{100 * c['on_time']:.2f}%",
-                      f"{c['p99_ms']:.1f}", f"{r['max_batch']} / {r['window_ms']:g} ms", f"{100 * r['on_time']:.2f}%",
-                      f"{r['p99_ms']:.1f}", "applied" if name in applied else ("keep" if not p["change"] else ""))
-    out.print(table)
+        rows.append([name, f"{c['max_batch']}/{c['window_ms']:g}ms", f"{100 * c['on_time']:.2f}%", f"{c['p99_ms']:.1f}",
+                     f"{r['max_batch']}/{r['window_ms']:g}ms", f"{100 * r['on_time']:.2f}%", f"{r['p99_ms']:.1f}",
+                     "applied" if name in applied else ("keep" if not p["change"] else "")])
+    show(out, fit_table("recommendations (SIMULATED): max_batch/window", columns, rows, out, wide,
+                        left={"channel", "now", "recommended", ""}), wide)
     for name, p in plan["channels"].items():
         if p["change"] and name not in applied:
             r = p["recommended"]

@@ -16,12 +16,12 @@ from typing import Any, Optional
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from dynbatchd import config as cfgmod
 from dynbatchd.devices.runners import simulated_options
 from dynbatchd.plugins import PluginError, Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, mix_tokens, read_trace_csv, simulate as run_simulation
+from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.validation import validate_config
 
 SECOND = 1_000_000_000
@@ -96,6 +96,7 @@ def simulate(ctx: typer.Context,
                                                   help="Replay a CSV (TIMESTAMP, ContextTokens) instead of Poisson."),
              compress: float = typer.Option(1.0, "--compress", min=0.001, help="Speed-up of the --trace times."),
              seed: int = typer.Option(1, "--seed", help="Random seed (the run is deterministic)."),
+             wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Simulate the config's channels on simulated devices: goodput, p99 and utilisation (SIMULATED)."""
     err = Console(stderr=True, soft_wrap=True)   # an error is one line, never wrapped
@@ -138,11 +139,9 @@ def simulate(ctx: typer.Context,
                                               f"{m.per_token_ms:g}/token ms" for n, m in zip(names, models)))
     out.print(f"[yellow]SIMULATED[/yellow] {len(arrivals)} requests ({source}) on {len(models)} simulated "
               f"device(s): {each}; channels from {path}", highlight=False)
-    table = Table(title="channels (SIMULATED)")
-    for col in ("channel", "offered", "on time", "p50 ms", "p99 ms", "expired", "overloaded", "mean batch"):
-        table.add_column(col, justify="left" if col == "channel" else "right")
-    for name, c in data["channels"].items():
-        table.add_row(name, str(c["offered"]), f"{100 * c['on_time']:.2f}%", f"{c['p50_ms']:.1f}",
-                      f"{c['p99_ms']:.1f}", str(c["expired"]), str(c["overloaded"]), f"{c['mean_batch']:.1f}")
-    out.print(table)
+    columns = [("channel", 0), ("offered", 3), ("on time", 0), ("p50 ms", 4), ("p99 ms", 0), ("expired", 1),
+               ("overloaded", 1), ("mean batch", 2)]
+    rows = [[name, str(c["offered"]), f"{100 * c['on_time']:.2f}%", f"{c['p50_ms']:.1f}", f"{c['p99_ms']:.1f}",
+             str(c["expired"]), str(c["overloaded"]), f"{c['mean_batch']:.1f}"] for name, c in data["channels"].items()]
+    show(out, fit_table("channels (SIMULATED)", columns, rows, out, wide, left={"channel"}), wide)
     out.print(f"device utilisation {100 * data['utilisation']:.1f}% (SIMULATED)")

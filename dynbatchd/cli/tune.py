@@ -24,6 +24,7 @@ the config file's value.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from typing import Any, Optional
@@ -32,6 +33,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
+
+from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 
 from dynbatchd import config as cfgmod
 from dynbatchd.client import DynbatchdError
@@ -155,6 +158,7 @@ def tune(ctx: typer.Context,
                                     "it (the daemon logs that it was forced)."),
          dry_run: bool = typer.Option(False, "--dry-run", help="Print what the setting would change and the "
                                       "risk verdict; change nothing."),
+         wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of text.")) -> None:
     """Change a channel's batching at run time, or tune it with --auto (checked like a config file
     and by the risk assessment; kept in the daemon's tuning drop-in across reload and restart).
@@ -191,7 +195,7 @@ def tune(ctx: typer.Context,
         return run_loop(ctx, channel, wanted, dict(trials=trials, duration=duration, target=target,
                                                     threshold=risk_threshold, share=canary_share,
                                                     seconds=canary_seconds, seed=seed, window=window,
-                                                    canary=canary_mode), as_json)
+                                                    canary=canary_mode, wide=wide), as_json)
     if not changes:
         raise fail("give at least one setting, e.g. --window-ms 20 (or --auto, --history, --rollback)", 2)
     try:   # the ranges of a config file, here, so a value msgpack cannot even carry is one clear line
@@ -212,7 +216,7 @@ def tune(ctx: typer.Context,
               highlight=False)
     if data.get("verdict"):
         out.print(("[yellow]FORCED[/yellow] past the risk assessment: " if data.get("forced") else "risk: ")
-                  + escape(data["verdict"]), highlight=False, soft_wrap=True)
+                  + escape(data["verdict"]), highlight=False)
 
 
 def _emit(data: Any) -> None:
@@ -227,8 +231,8 @@ def _dry_run(ctx: typer.Context, channel: str, changes: dict[str, Any], as_json:
     else:
         out.print(f"channel [bold]{escape(channel)}[/bold] would change: " + ", ".join(
             f"{k} {data['before'].get(k)} -> {v}" for k, v in data["after"].items()) + " (dry run: nothing changed)",
-            highlight=False, soft_wrap=True)
-        out.print(f"risk {escape(data['verdict'])}", highlight=False, soft_wrap=True)
+            highlight=False)
+        out.print(f"risk {escape(data['verdict'])}", highlight=False)
     if not data["risk"]["accepted"]:
         raise typer.Exit(1)
 
@@ -249,7 +253,7 @@ def _show_history(ctx: typer.Context, channel: str | None, as_json: bool) -> Non
         sys.stdout.write(json.dumps(steps, indent=2, default=str) + "\n")
         return
     if not steps:
-        out.print("no tuning steps recorded" + (f" for channel {escape(channel)}" if channel else ""), highlight=False, soft_wrap=True)
+        out.print("no tuning steps recorded" + (f" for channel {escape(channel)}" if channel else ""), highlight=False)
         return
     table = Table(title="tuning history (predicted and canary figures SIMULATED)")
     for col in ("when (UTC)", "channel", "step", "settings", "reason"):
@@ -273,7 +277,7 @@ def _rollback(ctx: typer.Context, channel: str, as_json: bool) -> None:
     else:
         restored = data.get("after") or {k: settings.get(k) for k in LOOP_KEYS}
         out.print(f"channel [bold]{escape(channel)}[/bold] restored: "
-                  + ", ".join(f"{k}={v}" for k, v in restored.items()), highlight=False, soft_wrap=True)
+                  + ", ".join(f"{k}={v}" for k, v in restored.items()), highlight=False)
 
 
 # -- the loop ---------------------------------------------------------------------
@@ -305,7 +309,7 @@ def run_loop(ctx: typer.Context, channel: str | None, wanted: dict[str, Any] | N
         sys.stdout.write(json.dumps({"simulated": True, "channels": reports}, indent=2, default=str) + "\n")
     else:
         for r in reports:
-            _print_report(r)
+            _print_report(r, opts.get("wide", False))
     if channel is not None and reports[0]["outcome"] == "not_enough_data":
         raise typer.Exit(1)
 
@@ -350,6 +354,10 @@ def _tune_one(ctx: typer.Context, cfg: cfgmod.Config, status: dict[str, Any], na
         _note(ctx, name, "refused", assessment.reason, after=chosen.as_dict(), figures=assessment.predicted)
         return {**report, "outcome": "refused", "reason": assessment.reason}
     _note(ctx, name, "risk", assessment.reason, after=chosen.as_dict(), figures=assessment.predicted)
+    too_few = canary_too_small(observation.arrival_rps, opts["share"], opts["seconds"])
+    if too_few:   # the canary could only roll back: say why now, instead of running it for nothing
+        _note(ctx, name, "refused", too_few, after=chosen.as_dict())
+        return {**report, "outcome": "too_little_traffic", "reason": too_few}
     window = recommender.apply(cfg, name, chosen).channels[name].window
     changes = dict(max_batch=chosen.max_batch, window_ms=chosen.window_ms,
                    window=cfgmod.to_dict(window) if window is not None else None)
@@ -372,6 +380,25 @@ def _tune_one(ctx: typer.Context, cfg: cfgmod.Config, status: dict[str, Any], na
         _call(ctx, "tune", channel=name, force=True, why=f"promoted by tune --auto: {reason}", **changes)
     _note(ctx, name, "promote", reason, before=before, after=_channel_now(ctx, name), figures=report["canary"])
     return {**report, "outcome": "promoted", "reason": reason}
+
+
+def canary_too_small(rate_rps: float, share: float, seconds: float) -> str | None:
+    """Why a canary of `share` of `rate_rps` for `seconds` cannot promote (its candidate would answer
+    fewer requests than `canaries.MIN_ANSWERED`, the fewest it judges on), and how to give it enough;
+    None when it can."""
+    from dynbatchd.tuning.canary import MIN_ANSWERED
+
+    expected = rate_rps * share * seconds
+    if expected >= MIN_ANSWERED:
+        return None
+    need_s = math.ceil(MIN_ANSWERED * 1.2 / (rate_rps * share)) if rate_rps > 0 else math.inf
+    need_share = MIN_ANSWERED * 1.2 / (rate_rps * seconds) if rate_rps > 0 else math.inf
+    fix = f"--canary-seconds {need_s}" if math.isfinite(need_s) else "more traffic"
+    if need_share <= 0.5:
+        fix += f" or --canary-share {math.ceil(need_share * 100) / 100:g}"
+    return (f"the canary needs {MIN_ANSWERED} answered requests to judge, and {100 * share:g}% of "
+            f"{rate_rps:.3g} req/s for {seconds:g} s gives it about {expected:.0f}: it cannot promote below "
+            f"{MIN_ANSWERED / (share * seconds):.3g} req/s with these settings; give it {fix}")
 
 
 def _live_canary(ctx: typer.Context, name: str, changes: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
@@ -423,9 +450,10 @@ def _bench_fit(ctx: typer.Context, evaluate: Any, name: str) -> dict[str, Any] |
     return analyzer.cells_error(evaluate.model, found, run_setting)
 
 
-def _print_report(r: dict[str, Any]) -> None:
+def _print_report(r: dict[str, Any], wide: bool = False) -> None:
     name = escape(r["channel"])
     if r["outcome"] == "not_enough_data":
+        # a refusal (exit 1), one line as every error is, however narrow the terminal
         out.print(f"[bold]{name}[/bold]: not tuned: {escape(r['reason'])}", highlight=False, soft_wrap=True)
         return
     fe = r.get("fit_error") or {}
@@ -435,15 +463,14 @@ def _print_report(r: dict[str, Any]) -> None:
               f"{100 * fe.get('on_time_error', 0):.2f} points, p99 {100 * fe.get('p99_relative_error', 0):.0f}%"
               + (f"; against {r['bench_fit_error']['cells']} live bench cells: on time "
                  f"{100 * r['bench_fit_error']['on_time_error']:.2f} points" if r.get("bench_fit_error") else ""),
-              highlight=False, soft_wrap=True)
-    table = Table(show_edge=False)
-    for col in ("", "batch", "window ms", "policy", "on time", "on-time rps", "p99 ms", "device s"):
-        table.add_column(col, justify="left" if col in ("", "policy") else "right")
-    for label, s, p in (("running", r["incumbent"], inc), ("proposed", r["candidate"], cand)):
-        table.add_row(label, str(s["max_batch"]), f"{s['window_ms']:g}", s["policy"],
-                      f"{100 * p.get('on_time', 0):.2f}%" if p else "-", f"{p.get('goodput_rps', 0):.1f}" if p else "-",
-                      f"{p.get('p99_ms', 0):.1f}" if p else "-", f"{p.get('device_s', 0):.2f}" if p else "-")
-    out.print(table)
+              highlight=False)
+    columns = [("", 0), ("batch", 0), ("window ms", 0), ("policy", 1), ("on time", 0), ("on-time rps", 2),
+               ("p99 ms", 0), ("device s", 3)]
+    rows = [[label, str(s["max_batch"]), f"{s['window_ms']:g}", s["policy"],
+             f"{100 * p.get('on_time', 0):.2f}%" if p else "-", f"{p.get('goodput_rps', 0):.1f}" if p else "-",
+             f"{p.get('p99_ms', 0):.1f}" if p else "-", f"{p.get('device_s', 0):.2f}" if p else "-"]
+            for label, s, p in (("running", r["incumbent"], inc), ("proposed", r["candidate"], cand))]
+    show(out, fit_table(None, columns, rows, out, wide, left={"", "policy"}, show_edge=False), wide)
     if "canary" in r:
         c = r["canary"]
         def p99(arm: dict[str, Any]) -> str:
@@ -453,11 +480,11 @@ def _print_report(r: dict[str, Any]) -> None:
                  "shadow": "shadow copies of live traffic"}[c.get("mode", "replay")]
         out.print(f"  canary ({100 * c['share']:g}% for {c['seconds']:g} s, {where}): candidate on time "
                   f"{100 * c['candidate']['on_time']:.2f}%, p99 {p99(c['candidate'])}; running setting "
-                  f"{100 * c['incumbent']['on_time']:.2f}%, p99 {p99(c['incumbent'])}", highlight=False, soft_wrap=True)
-    word = {"kept": "kept", "refused": "refused", "rolled_back": "rolled back", "promoted": "promoted"}[r["outcome"]]
-    out.print(f"  [bold]{word}[/bold]: {escape(r['reason'])}", highlight=False, soft_wrap=True)
+                  f"{100 * c['incumbent']['on_time']:.2f}%, p99 {p99(c['incumbent'])}", highlight=False)
+    word = {"kept": "kept", "refused": "refused", "rolled_back": "rolled back", "promoted": "promoted",
+            "too_little_traffic": "not promoted"}[r["outcome"]]
+    out.print(f"  [bold]{word}[/bold]: {escape(r['reason'])}", highlight=False)
     if r["outcome"] == "promoted":
         c = r["candidate"]
         out.print(f"  kept in the daemon's tuning drop-in; to make it the file's, set max_batch = {c['max_batch']}, "
-                  f"window_ms = {c['window_ms']:g} in \\[channels.{name}] of the config file", highlight=False,
-                  soft_wrap=True)
+                  f"window_ms = {c['window_ms']:g} in \\[channels.{name}] of the config file", highlight=False)

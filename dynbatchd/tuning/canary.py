@@ -24,6 +24,7 @@ from typing import Any
 from dynbatchd.simulate import SimResult, quantile
 
 PROMOTE, ROLLBACK = "promote", "rollback"
+MIN_ANSWERED = 50   # requests the candidate must answer before a verdict other than rollback
 CANARY_SUFFIX = "~canary"
 
 
@@ -66,7 +67,8 @@ class Canary:
     the incumbent's figures weigh the whole traffic (not 1 - share of it)."""
 
     def __init__(self, share: float, duration_ns: int, started_ns: int, *, margin: float = 0.002,
-                 p99_margin: float = 0.05, abort_misses: int = 20, min_answered: int = 50, shadow: bool = False):
+                 p99_margin: float = 0.05, abort_misses: int = 20, min_answered: int = MIN_ANSWERED,
+                 shadow: bool = False):
         if not 0 < share < 1:
             raise ValueError("the canary share is between 0 and 1 (exclusive)")
         self.share, self.duration_ns, self.started_ns = share, duration_ns, started_ns
