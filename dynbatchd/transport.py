@@ -572,6 +572,8 @@ def validate(request: P.Request, frames: list[bytes]) -> str | None:
     given = (request.text is not None) + (request.tensor is not None) + (request.value is not None)
     if given != 1:
         return "a request needs exactly one input: text, tensor or value"
+    if request.text is not None and not request.text.strip():
+        return "text is empty (or only whitespace): there is nothing to run"
     if request.tokens is not None and request.tokens < 0:
         return "tokens must be >= 0"
     if request.deadline_ms is not None and not 0 < request.deadline_ms <= MAX_DEADLINE_MS:
