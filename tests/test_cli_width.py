@@ -112,3 +112,37 @@ def test_every_table_command_has_wide(command):
 
     params = typer.main.get_command(ctl.app).commands[command].params
     assert any("--wide" in getattr(p, "opts", ()) for p in params), f"{command} has no --wide"
+
+
+# --- help texts: a [section] is printed, not eaten as rich markup ------------------------------
+
+def every_command(group, path=()):
+    import click
+
+    for name, cmd in group.commands.items():
+        yield (*path, name), cmd
+        if isinstance(cmd, click.Group):
+            yield from every_command(cmd, (*path, name))
+
+
+def test_help_texts_keep_their_bracketed_words():
+    """`[top_users]` in a help text is a config section to the reader and a rich style tag to typer,
+    which drops it ("from what the daemon observed (its  sketch)"): every help shows its own."""
+    import re
+
+    import typer
+
+    eaten = []
+    for path, cmd in every_command(typer.main.get_command(ctl.app)):
+        raw = " ".join(filter(None, [cmd.help, *(getattr(p, "help", None) for p in cmd.params)]))
+        words = set(re.findall(r"(?<!\\)\[[\w.]+\]", raw)) | {w[1:] for w in re.findall(r"\\\[[\w.]+\]", raw)}
+        shown = " ".join(runner.invoke(ctl.app, [*path, "--help"], env={"COLUMNS": "300"}).stdout.split())
+        eaten += [f"{' '.join(path)}: {w}" for w in sorted(words) if w not in shown]
+    assert not eaten, f"bracketed words missing from --help: {eaten}"
+
+
+def test_warmup_and_simulate_help_read_as_sentences():
+    warmup = " ".join(runner.invoke(ctl.app, ["warmup", "--help"], env={"COLUMNS": "300"}).stdout.split())
+    assert "(its [top_users] sketch)" in warmup and "from [plugins.warmup] source" in warmup
+    simulate = " ".join(runner.invoke(ctl.app, ["simulate", "--help"], env={"COLUMNS": "300"}).stdout.split())
+    assert "those [devices] use names" in simulate

@@ -553,8 +553,8 @@ def warmup(ctx: typer.Context,
            as_json: bool = JsonOption) -> None:
     """Precompute the top users' inputs into the result cache (run it from cron, off-peak).
 
-    The inputs come from what the daemon observed (its [top_users] sketch), or
-    from [plugins.warmup] source. They run through the warmup channel as it
+    The inputs come from what the daemon observed (its \\[top_users] sketch), or
+    from \\[plugins.warmup] source. They run through the warmup channel as it
     has room, so live traffic is not delayed. Exits 1 when the daemon refuses
     (the cache is off, no such model) or when there is nothing to warm (the
     reason is printed: no user observed yet, the sketch is off, the source

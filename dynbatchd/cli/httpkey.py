@@ -14,7 +14,7 @@ import typer
 
 from dynbatchd import config as cfgmod, httpkeys
 
-app = typer.Typer(help="API keys of the HTTP door ([http] keys = true): create, revoke, list.",
+app = typer.Typer(help="API keys of the HTTP door (\\[http] keys = true): create, revoke, list.",
                   no_args_is_help=True, add_completion=False)
 
 DirOption = typer.Option(None, "--dir", help="The keys directory (default: the config's [daemon] keys_dir); "

@@ -78,7 +78,7 @@ def simulate(ctx: typer.Context,
              rate: float = typer.Option(500.0, "--rate", min=0.001, help="Offered requests per second (Poisson)."),
              duration: float = typer.Option(30.0, "--duration", min=0.1, help="Seconds of simulated traffic."),
              devices: Optional[int] = typer.Option(None, "--devices", min=1,
-                                                   help="Simulated devices (default: those [devices] use names, "
+                                                   help="Simulated devices (default: those \\[devices] use names, "
                                                         "else those the simulated model's devices table names, "
                                                         "else 1)."),
              base_ms: Optional[float] = typer.Option(None, "--base-ms", min=0.0,
