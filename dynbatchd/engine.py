@@ -234,7 +234,7 @@ class Engine:
             if d.usable:
                 usable += 1
                 idle = idle or not d.held
-        if self.scheduler.submit(job, now_ns, usable, bool(idle)):
+        if self.scheduler.submit(job, now_ns, usable, bool(idle), lambda: self._inflight_ns(now_ns)):
             return True
         self._judged(job.channel, False, 0, now_ns)
         return False
@@ -301,6 +301,16 @@ class Engine:
         learned of itself (a pool may mix devices of different speeds)."""
         base = self.channels[batch.channel].cost.estimate_ns(len(batch.items), batch.tokens)
         return base if device is None else int(base * self.device_speed.get((batch.channel, device), 1.0))
+
+    def _inflight_ns(self, now_ns: int) -> int:
+        """Device time the usable devices still have to run of the batches they hold (estimated):
+        a request queued now waits for it before anything queued. Asked only when the scheduler
+        predicts a wait (a backlog on busy devices)."""
+        total = 0
+        for i, d in enumerate(self.devices):
+            if d.usable and d.held:
+                total += max(0, estimated_free_at(d.held.values(), lambda b, i=i: self._estimate(b, i)) - now_ns)
+        return total
 
     def _views(self) -> list[DeviceView]:
         return [DeviceView(len(d.held), estimated_free_at(d.held.values(), lambda b, i=i: self._estimate(b, i)),

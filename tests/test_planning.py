@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from dynbatchd.config import ChannelSettings
 from dynbatchd.scheduler import MS, CostModel, Item, Scheduler, build_channels
 
@@ -120,3 +122,20 @@ def test_refusing_a_request_past_the_peak_does_not_walk_the_queue():
     for _ in range(100):
         assert not s.submit(item(1, 0, 50), MS, 1, idle=False)
     assert Counting.reads == 0                          # no refusal read a lane's queue
+
+
+def test_admission_counts_what_the_devices_hold_and_keeps_one_batch_of_slack():
+    # Batches of 4 take 10 ms (8 + 0.5 a request); 8 requests are queued: two batches, 20 ms.
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=1000)}))
+    cost = s.channels["c"].cost
+    for _ in range(CostModel.SETTLED_AFTER):
+        cost.observe(4, 0, 10 * MS, 0)
+    for _ in range(8):
+        assert s.submit(item(0, 0, 1000), 0, 1, idle=False)
+    held = lambda: 15 * MS                                   # noqa: E731 (the devices' held work, from the engine)
+    # Due in 45 ms: 15 held + 20 queued, its own ~8.5 and one full batch (10 ms) of slack: 53.5 ms.
+    assert not s.submit(item(0, 0, 45), 0, 1, idle=False, inflight_ns=held)
+    assert s.channels["c"].refused_wait_ns == pytest.approx(35 * MS, abs=10)
+    assert s.submit(item(0, 0, 45), 0, 1, idle=False)        # with nothing held: 38.5 ms, admitted
+    # Now 9 queued (three batches, 28.5 ms): due in 40 ms is refused for the slack alone (37 without it).
+    assert not s.submit(item(0, 0, 40), 0, 1, idle=False)

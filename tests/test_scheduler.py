@@ -310,10 +310,11 @@ def test_a_backlogged_channel_answers_overloaded_at_once_what_it_cannot_serve_in
         if ms % 100 == 0:
             s.poll(now, free_slots=1)
     # About 1000 offered, about 300 served: the excess is refused on arrival, as soon as the
-    # work queued ahead (10 ms each) could not be done before its deadline.
+    # work queued ahead (10 ms each), its own run and one full batch of slack (100 ms: a request
+    # admitted at the very edge ends late at its client) could not be done before its deadline.
     assert rejected >= 600
     assert s.channels["c"].depth <= 20      # what is still queued can be served within 200 ms
-    assert s.channels["c"].refused_wait_ns >= 190 * MS
+    assert 90 * MS <= s.channels["c"].refused_wait_ns <= 110 * MS
 
 
 def test_never_refused_while_a_device_is_idle_or_before_a_batch_was_timed():

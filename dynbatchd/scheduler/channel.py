@@ -147,19 +147,21 @@ class Channel:
         return self._rate * math.exp(-(now_ns - self._rate_at) / self.RATE_TAU_NS)
 
     def _drain_wait_ns(self, now_ns: int) -> int:
-        """The wait the queue's measured drain rate predicts, once it has been backlogged for a
-        while and fills faster than it drains: it sees what the cost model cannot, a daemon or
-        transport slower than the device.
+        """The wait the queue's measured drain rate predicts, once it has been backlogged (more
+        queued than a batch takes) for a while: it sees what the cost model cannot, the time
+        between a device's batches (hand-over, a daemon or transport slower than the device).
+        Under a steady overload admission keeps the accepted rate at the drain rate, so this
+        is what keeps admitted requests inside their deadlines: the cost model's device time
+        alone undercounts a queue of a second by tens of milliseconds.
         A fresh burst into an idle channel is not judged on it (its past rate means nothing)."""
         since = self._backlogged_since
         if since is None or now_ns - since < self.RATE_TAU_NS:
             return 0
         if now_ns - self._lagging_at >= self.LAG_REFRESH_NS:   # (the rates move over ~0.5 s)
-            rate = self.drain_rate(now_ns)
             self._lagging_at = now_ns
-            self._lagging_rate = rate if rate > 0 and self.arrival_rate(now_ns) >= 1.1 * rate else 0.0
-        rate = self._lagging_rate   # 0: keeping up (a channel served near its deadlines drains as fast as it fills)
-        return int(self.depth / rate) if rate else 0
+            self._lagging_rate = self.drain_rate(now_ns)
+        rate = self._lagging_rate
+        return int(self.depth / rate) if rate > 0 else 0
 
     def backlog_ns(self, up_to_tokens: int | None = None) -> int:
         """Device time the queued requests need, cut in full batches (the learned cost); with
@@ -218,10 +220,16 @@ class Channel:
             self.refused_wait_ns = None
             return False
         if wait_ns is not None and not self.settings.run_late:
-            if not self.plans_by_size():   # (a planned queue holds requests its plan drops: its length says little)
-                wait_ns = max(wait_ns, self._drain_wait_ns(now_ns))
             if run_ns is None:
                 run_ns = self.cost.estimate_ns(1, item.tokens)
+            if not self.plans_by_size():   # (a planned queue holds requests its plan drops: its length says little)
+                wait_ns = max(wait_ns, self._drain_wait_ns(now_ns))
+                # Slack of one full batch: admitted at the very edge, a request ends on time by the
+                # daemon's clock and late by its client's (the reply's way back, one batch's jitter);
+                # under a steady overload admission fills the queue exactly to that edge. (A planned
+                # queue is served smallest first, its admission already optimistic: no slack there.)
+                limit = self.sizer.max_batch()
+                run_ns += self.cost.estimate_ns(limit, int(self.mean_tokens * limit))
             if now_ns + wait_ns + run_ns > item.deadline_ns:
                 if self.cost.disputed:   # a cost that overestimates what was measured refuses nothing
                     self.disputed_refusal(item, run_ns)
