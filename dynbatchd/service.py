@@ -63,7 +63,8 @@ class Daemon(Operations):
         self.started_ns = clock()
         self.state = "starting"
         self.cache = ResultCache(config.cache.entries, config.cache.max_bytes) if config.cache.entries else None
-        self.cache_rule = plugins.cache_policies()[config.cache.policy](config.cache) if self.cache else None
+        # `is not None`: an empty cache has len 0, and the policy must apply from the first request
+        self.cache_rule = plugins.cache_policies()[config.cache.policy](config.cache) if self.cache is not None else None
         self.top_users = self.load_top_users(config)   # texts only for the cache; users as keyed hashes
         self.tenant_answers = TenantAnswers(models=config.models)   # for /metrics: top tenants + (other)
         self._top_users_saved = self.top_users.observed if self.top_users else 0
