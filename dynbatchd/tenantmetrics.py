@@ -36,8 +36,8 @@ class TenantAnswers:
         self._floor = 0
         self._bar = 0                         # a candidate past this may displace the least busy named tenant
 
-    def count(self, tenant: str | None, model: str, code: str) -> None:
-        """One answer of `code` to a request of `tenant` for `model`."""
+    def count(self, tenant: str | None, model: str, code: str, n: int = 1) -> None:
+        """`n` answers of `code` to requests of `tenant` for `model`."""
         name = NONE if tenant is None else tenant
         if self.models is not None and model not in self.models:
             model = UNKNOWN
@@ -46,11 +46,17 @@ class TenantAnswers:
             if len(self._requests) >= CANDIDATES * self.top:
                 self._prune()   # (a new dict)
             seen = self._floor
-        self._requests[name] = seen = seen + 1
+        self._requests[name] = seen = seen + n
         counters = self.named.get(name)
         if counters is None and (len(self.named) < self.top or seen > self._bar):
             counters = self._promote(name, seen)
-        (counters if counters is not None else self.other)[(model, code)] += 1
+        (counters if counters is not None else self.other)[(model, code)] += n
+
+    def count_all(self, answers: Counter[tuple[str | None, str, str]]) -> None:
+        """Many answers at once ((tenant, model, code) -> how many): a batch's replies are counted
+        in one pass per kind, not one call per request (this runs on the daemon's reply path)."""
+        for (tenant, model, code), n in answers.items():
+            self.count(tenant, model, code, n)
 
     def _promote(self, name: str, seen: int) -> Counter[tuple[str, str]] | None:
         if len(self.named) >= self.top:
