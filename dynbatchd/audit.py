@@ -13,7 +13,8 @@ An erasure (`dynbatchctl forget USER`) is a line of its own, not counted among t
     {"time": "...", "rule": "forget", "action": "erased", "user": "<HMAC-SHA256 of the id>",
      "tenant": null, "by": "local", "erased": {"sketch_users": 1, "cache_entries": 3, ...}}
 
-Never a payload: the record names the request by its id only, and a user by its keyed hash. Rotation is
+Never a payload: the record names the request by its id only (the client's, or an HTTP request's
+X-Request-Id, made safe as in log lines: `dynbatchd.logs.safe_id`), and a user by its keyed hash. Rotation is
 left to logrotate (or journald, when the file is not used): a file moved or
 deleted is noticed on the next record and a new one opened, so
 ``copytruncate`` is not needed.
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from dynbatchd.logs import safe_id
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +68,8 @@ class AuditLog:
         self._inode: tuple[int, int] | None = None
 
     def record(self, rule: str, action: str, channel: str, tenant: str | None, request_id: Any) -> None:
-        decision = Decision(datetime.now(timezone.utc).isoformat(), rule, action, channel, tenant, request_id)
+        decision = Decision(datetime.now(timezone.utc).isoformat(), rule, action, channel, tenant,
+                            safe_id(request_id))
         self.counts[(rule, action)] += 1
         self.recent.append(decision)
         if self.path is not None:

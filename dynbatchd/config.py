@@ -160,6 +160,7 @@ class DaemonSettings(Frozen, kw_only=True):
     max_request_bytes: Annotated[int, Meta(ge=1, le=1 << 30)] = 1 << 20
     drain_timeout_s: Seconds = 30.0
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = "text"   # json: one object per line (dynbatchd.logs)
 
 
 class RaySettings(Frozen, kw_only=True):

@@ -192,7 +192,7 @@ class Operations:
                 reason: str) -> None:
         self.engine.refused(channel)
         self.audit.record(rule, "refused", channel, tenant, request.id)
-        self._reject(envelope, request, P.REFUSED, reason)
+        self._reject(envelope, request, P.REFUSED, reason, channel)
 
     def _on_isolation(self, rule: str, action: str, job: Job) -> None:
         request = job.payload.request if isinstance(job.payload, Pending) else None

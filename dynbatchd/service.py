@@ -37,6 +37,7 @@ from dynbatchd.engine import OK, Answer, Engine, Job
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.memory import device_limits
 from dynbatchd.listeners import StartupError, bind
+from dynbatchd.logs import request_fields, safe_id
 from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
 from dynbatchd.quotas import Quotas
@@ -49,6 +50,8 @@ from dynbatchd.transport import FrontEnd
 log = logging.getLogger("dynbatchd")
 
 ADMISSION_RULE = "admission-check"         # a plugin's dynbatchd_admit refused it (its reason says which)
+# The level of the line logged for a request answered with an error; other codes log at debug.
+ANSWER_LEVELS = {P.MODEL_ERROR: logging.WARNING, P.REFUSED: logging.INFO}
 __all__ = ["Daemon", "StartupError"]
 
 
@@ -111,7 +114,8 @@ class Daemon(Operations):
                               probe_after_s=self.config.devices.probe_after_s,
                               on_result=self._on_result, on_lost=self._on_lost, on_ready=self._on_ready,
                               on_gone=self._on_gone, on_read_done=self._pump_if_scheduled,
-                              log_level=self.config.daemon.log_level, feeders=self.config.devices.workers_per_device)
+                              log_level=self.config.daemon.log_level, feeders=self.config.devices.workers_per_device,
+                              log_format=self.config.daemon.log_format)
         log.info("dynbatchd %s starting: devices %s, models %s", __version__, ", ".join(self.devices),
                  ", ".join(self.config.models))
         starting = asyncio.ensure_future(self.pool.start(timeout_s=600))
@@ -214,7 +218,7 @@ class Daemon(Operations):
                   pending, tenant, cache_key, rule)
         answer = self.engine.submit(job, self.clock())
         if answer is not None:
-            self._send((answer,))
+            self._send((answer,), channel)
         else:
             self._queued[(envelope[0], request.id)] = job
             self._schedule_pump()
@@ -224,24 +228,44 @@ class Daemon(Operations):
         tenant and model (the busiest tenants by name)."""
         return {**super().status(), "quotas": self.quotas.snapshot(), "tenants": self.tenant_answers.snapshot()}
 
-    def _reject(self, envelope, request: P.Request, code: str, message: str) -> None:
+    def _log_answer(self, request: P.Request, code: str, message: str, channel: str | None = None) -> None:
+        """One line for a request answered with an error, naming it by its id (dynbatchd.logs). Only a
+        model error's message is kept (the daemon's and the worker's own words, never an input); the
+        model and the tenant only when the config names them: what a client sent is not logged."""
+        level = ANSWER_LEVELS.get(code, logging.DEBUG)
+        if not log.isEnabledFor(level):
+            return
+        config = self.config
+        model = request.model if request.model in config.models else None
+        tenant = request.tenant if request.tenant is not None and (
+            request.tenant in config.quotas.tenants or request.tenant in config.compliance.key_tenants.values()) else None
+        log.log(level, "request %s%s%s: %s%s", safe_id(request.id), f" for model {model}" if model else "",
+                f" on channel {channel}" if channel else "", code,
+                f" ({message[:200]})" if code == P.MODEL_ERROR else "",
+                extra=request_fields(request.id, channel=channel, model=model, tenant=tenant, code=code))
+
+    def _reject(self, envelope, request: P.Request, code: str, message: str, channel: str | None = None) -> None:
         self.tenant_answers.count(request.tenant, request.model, code)
+        self._log_answer(request, code, message, channel)
         if isinstance(envelope, LocalEnvelope):
             envelope.settle(Answer(None, code, message))
         else:
             self.front.reject(envelope, request.id, code, message)
 
-    def _send(self, answers) -> None:
-        """Each engine answer as a reply to its client (warmup inputs have none)."""
+    def _send(self, answers, channel: str | None = None) -> None:
+        """Each engine answer as a reply to its client (warmup inputs have none). `channel`: the
+        answers' channel, for the log line of an error, when they were never queued (answered at once)."""
         front, queued = self.front, self._queued
         for answer in answers:
             pending = answer.payload
             envelope, request = pending.envelope, pending.request
             if envelope is None:
                 continue
-            queued.pop((envelope[0], request.id), None)
+            job = queued.pop((envelope[0], request.id), None)
             self.quotas.release(pending)   # its tenant's in-flight place, whatever the answer
             self.tenant_answers.count(request.tenant, request.model, answer.code)
+            if answer.code != OK:
+                self._log_answer(request, answer.code, answer.message, job.channel if job is not None else channel)
             if isinstance(envelope, LocalEnvelope):
                 envelope.settle(answer)
             elif front is None:

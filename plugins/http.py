@@ -16,8 +16,10 @@ no proxy hop. Endpoints:
 
 Headers: ``X-Deadline-Ms`` (the request's deadline), ``X-Tags`` (comma-separated
 routing tags; else a body's ``"tags"`` or KServe ``parameters.tags`` list), ``X-Tenant``,
-``X-Request-Type``, ``X-User-Frequency``, ``X-User``. Every error code maps to an HTTP
-status (`STATUS`); the body is ``{"error": {"code", "message"}}``.
+``X-Request-Type``, ``X-User-Frequency``, ``X-User``, ``X-Request-Id`` (the request's id, else
+one is made; every reply carries it back, and the audit log and the log lines about the request
+name it: see `request_id`). Every error code maps to an HTTP status (`STATUS`); the body is
+``{"error": {"code", "message"}}``.
 
 Nothing a client sends can wedge it (issue 23): every string must be UTF-8, as over ZeroMQ;
 the ``[http]`` limits bound a request's inputs, the requests and connections in progress,
@@ -31,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import uuid
 from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
@@ -42,6 +45,7 @@ import numpy as np
 from dynbatchd import protocol as P
 from dynbatchd.hookspecs import hookimpl
 from dynbatchd.httpkeys import KeyStore, presented_key
+from dynbatchd.logs import MAX_ID, request_fields, safe_id
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +79,20 @@ class HttpError(Exception):
         self.status = status or STATUS.get(code, 500)
         self.retry_after = "1"   # Retry-After (seconds) of a code in RETRY_LATER
         self.extra: list[tuple[str, str]] = []   # more headers (WWW-Authenticate)
+        self.level = logging.DEBUG   # of its log line; a model's fault (bad_output) is a warning
 
 
 class ClientGone(Exception):
     """The client closed its connection before its request was complete: nothing to answer."""
+    request_id = "-"
+
+
+def request_id(headers: dict[str, str]) -> str:
+    """The request's id: its ``X-Request-Id`` (printable ASCII kept, cut to MAX_ID characters), else a
+    new one. Echoed in the reply's X-Request-Id; the id of the daemon's request for input i is
+    ``ID`` for a request of one input, else ``ID#i``: in the audit log and every log line about it."""
+    given = safe_id(headers.get("x-request-id", ""), MAX_ID)
+    return given.strip() or uuid.uuid4().hex
 
 
 def request_meta(headers: dict[str, str]) -> dict[str, Any]:
@@ -97,6 +111,8 @@ def request_meta(headers: dict[str, str]) -> dict[str, Any]:
                           ("x-user-frequency", "user_frequency"), ("x-user", "user")):
         if value := headers.get(header):
             meta[field] = value
+    if rid := headers.get(":request-id"):   # set by the door (request_id), as ":authenticated" is
+        meta["_request_id"] = rid
     if headers.get(":authenticated"):   # set by the door from an API key, never by a client (no ":" in names)
         meta["_caller"] = (meta.get("tenant"), tuple(c for c in headers[":channels"].split(",") if c))
     return meta
@@ -132,9 +148,11 @@ def output_array(answer: Any) -> np.ndarray | Any:
 
 
 def bad_output(model: str, what: str) -> HttpError:
-    """A model's answer that HTTP cannot carry: 502, the model's fault, logged (its name, never its output)."""
-    log.warning("HTTP: model %r answered %s; answered 502", model, what)
-    return HttpError(P.MODEL_ERROR, f"model {model!r} answered {what}", 502)
+    """A model's answer that HTTP cannot carry: 502, the model's fault, logged as a warning (its name,
+    never its output) with the request's id."""
+    error = HttpError(P.MODEL_ERROR, f"model {model!r} answered {what}", 502)
+    error.level = logging.WARNING
+    return error
 
 
 def reason(status: int) -> str:
@@ -187,7 +205,8 @@ class HttpDoor:
                     break
                 conn.start_next_cycle()
         except ClientGone as gone:
-            log.info("HTTP client %s closed its connection mid-request (%s)", peer, gone)
+            log.info("HTTP client %s closed its connection mid-request %s (%s)", peer, gone.request_id, gone,
+                     extra=request_fields(gone.request_id))
         except (ConnectionError, TimeoutError):
             log.info("HTTP client %s did not take its answer: connection closed", peer)
         except Exception as exc:   # a bug costs this connection, never the daemon's log a traceback with payload
@@ -223,7 +242,7 @@ class HttpDoor:
                         task: asyncio.Task, peer: str) -> tuple[int, bytes, list] | None:
         """Read one request and answer it: (status, body, headers), or None when the connection
         ends without a request (closed, or idle past header_timeout_s)."""
-        v2, route = False, "-"
+        v2, route, rid = False, "-", uuid.uuid4().hex   # rid: the id until X-Request-Id is read
         try:
             request = await self._head(conn, reader, peer)
             if request is None:
@@ -232,6 +251,7 @@ class HttpDoor:
             handler, route, name = self._route(request.method.decode("ascii"), request.target)
             v2 = route.startswith("/v2/")
             headers = text_headers(request.headers)
+            headers[":request-id"] = rid = request_id(headers)
             if self.keys is not None and handler.__name__ not in OPEN_HANDLERS:
                 self._authenticate(headers)
             if self._in_progress >= self.settings.max_requests:
@@ -244,17 +264,24 @@ class HttpDoor:
             finally:
                 self._in_progress -= 1
             try:
-                return status, msgspec.json.encode(answer), []
+                return status, msgspec.json.encode(answer), [("x-request-id", rid)]
             except (msgspec.EncodeError, ValueError, TypeError, OverflowError):
                 raise bad_output(name or route, "an answer JSON cannot carry")
         except HttpError as exc:
-            log.debug("HTTP %s: %d %s", route, exc.status, exc.code)
-            return self._error(exc, v2)
-        except ClientGone:
+            log.log(exc.level, "HTTP %s request %s: %d %s%s", route, rid, exc.status, exc.code,
+                    f" ({exc.message})" if exc.level > logging.DEBUG else "",
+                    extra=request_fields(rid, code=exc.code))
+            status, body, extra = self._error(exc, v2)
+            return status, body, [*extra, ("x-request-id", rid)]
+        except ClientGone as gone:
+            gone.request_id = rid
             raise
         except Exception as exc:   # a bug: one line, no traceback (an exception's text may quote a payload)
-            log.error("HTTP %s: internal error (%s); answered 500", route, type(exc).__name__)
-            return self._error(HttpError(P.MODEL_ERROR, "internal error in the daemon; see its log", 500), v2)
+            log.error("HTTP %s request %s: internal error (%s); answered 500", route, rid, type(exc).__name__,
+                      extra=request_fields(rid, code=P.MODEL_ERROR))
+            status, body, extra = self._error(HttpError(P.MODEL_ERROR, "internal error in the daemon; see its log",
+                                                        500), v2)
+            return status, body, [*extra, ("x-request-id", rid)]
 
     async def _head(self, conn: h11.Connection, reader: asyncio.StreamReader, peer: str) -> h11.Request | None:
         """The next request's head, within header_timeout_s and the size and line limits."""
@@ -334,12 +361,14 @@ class HttpDoor:
                         raise HttpError(P.BAD_REQUEST, f"the body exceeds max_request_bytes ({limit})", 413)
                     chunks.append(event.data)
         except TimeoutError:
-            log.info("HTTP client %s sent %d bytes of its body in %gs: answered 408", peer, size, timeout)
+            log.info("HTTP client %s sent %d bytes of the body of request %s in %gs: answered 408", peer, size,
+                     headers[":request-id"], timeout, extra=request_fields(headers[":request-id"]))
             raise HttpError(P.BAD_REQUEST, f"the body did not arrive in {timeout:g}s", 408)
         except h11.RemoteProtocolError:
             if reader.at_eof():
                 raise ClientGone(f"{size} bytes of its body sent")
-            log.info("HTTP client %s sent a malformed body: answered 400", peer)
+            log.info("HTTP client %s sent a malformed body for request %s: answered 400", peer,
+                     headers[":request-id"], extra=request_fields(headers[":request-id"]))
             raise HttpError(P.BAD_REQUEST, "malformed HTTP body")
         if isinstance(event, h11.ConnectionClosed):
             raise ClientGone(f"{size} bytes of its body sent")
@@ -391,11 +420,13 @@ class HttpDoor:
         runs none). SUBMIT_CHUNK inputs per loop turn, so the ZeroMQ door is never starved."""
         futures: list[Any] = []
         tenant, channels = meta.pop("_caller", (None, ()))
+        rid = meta.pop("_request_id", None) or uuid.uuid4().hex
         try:
             for i, x in enumerate(inputs):
                 if i and not i % SUBMIT_CHUNK:
                     await asyncio.sleep(0)
-                future = self.api.infer(P.Request(i + 1, model, **self._input_field(x), **meta),
+                future = self.api.infer(P.Request(rid if len(inputs) == 1 else f"{rid}#{i}", model,
+                                                  **self._input_field(x), **meta),
                                         tenant=tenant, channels=channels)
                 futures.append(future)
                 if future.done():   # refused at once (overloaded, refused, ...): withdraw the others now

@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dynbatchd import __version__, config as cfgmod
+from dynbatchd import __version__, config as cfgmod, logs
 from dynbatchd.config import ConfigError
 from dynbatchd.plugins import PluginError, Plugins
 
@@ -68,8 +68,7 @@ def start(config: Path = ConfigOption,
     """Run the daemon in the foreground (systemd runs it this way, Type=notify)."""
     path = _config_path(config)
     cfg, plugins = load_checked(path)
-    logging.basicConfig(level=(log_level.value if log_level else cfg.daemon.log_level).upper(), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logs.setup(log_level.value if log_level else cfg.daemon.log_level, cfg.daemon.log_format)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     from dynbatchd.service import Daemon, StartupError
@@ -86,7 +85,10 @@ def start(config: Path = ConfigOption,
     try:
         code = runner(main())
     except StartupError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if cfg.daemon.log_format == "json":   # every line on stderr one object
+            logging.getLogger("dynbatchd").error("error: %s", exc)
+        else:
+            print(f"error: {exc}", file=sys.stderr)
         code = 1
     raise typer.Exit(code)
 

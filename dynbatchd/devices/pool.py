@@ -148,12 +148,12 @@ class DevicePool:
                  on_result: Callable[[int, P.BatchResult, list[bytes]], None],
                  on_lost: Callable[[int], bool], on_ready: Callable[[int], None],
                  on_gone: Callable[[int], None], on_read_done: Callable[[], None] = lambda: None,
-                 log_level: str = "info", feeders: int = 1):
+                 log_level: str = "info", feeders: int = 1, log_format: str = "text"):
         self.models = models
         self.cpu_threads = cpu_threads
         self.on_result, self.on_lost, self.on_ready, self.on_gone = on_result, on_lost, on_ready, on_gone
         self.on_read_done = on_read_done   # after each pass over the results read at once
-        self.log_level = log_level
+        self.log_level, self.log_format = log_level, log_format   # workers log as the daemon does
         self.endpoint = f"ipc://{ipc_dir}/workers.sock"
         self.ipc_dir = ipc_dir
         sock = ctx.socket(zmq.ROUTER)
@@ -188,7 +188,8 @@ class DevicePool:
         worker.state = "starting"
         worker.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dynbatchd.devices.worker", "--endpoint", self.endpoint,
-            "--name", worker.name, "--log-level", self.log_level, stdin=asyncio.subprocess.DEVNULL,
+            "--name", worker.name, "--log-level", self.log_level,
+            "--log-format", self.log_format, stdin=asyncio.subprocess.DEVNULL,
             env={**os.environ, DEVICE_LOCKS_ENV: self.ipc_dir})   # feeders of a simulated device take turns
         self._tasks.append(asyncio.ensure_future(self._supervise(worker, worker.proc)))
 

@@ -53,10 +53,14 @@ def _as_bytes(frame: Any) -> bytes:
 class RayWorker:
     """The actor: loads its models once, then runs one batch per call (Ray runs calls in order)."""
 
-    def __init__(self, setup: bytes, log_level: str = "info"):
+    def __init__(self, setup: bytes, log_level: str = "info", log_format: str = "text"):
         from dynbatchd.devices.worker import load_runners
 
-        logging.basicConfig(level=log_level.upper(), format="%(asctime)s ray-worker %(levelname)s %(message)s")
+        if log_format == "json":
+            from dynbatchd.logs import setup as log_setup
+            log_setup(log_level, "json", worker="ray")
+        else:
+            logging.basicConfig(level=log_level.upper(), format="%(asctime)s ray-worker %(levelname)s %(message)s")
         self.setup = P.daemon_decoder.decode(setup)
         self.failure = ""
         try:
@@ -118,7 +122,7 @@ class RayDevicePool:
                  on_result: Callable[[int, P.BatchResult, list[bytes]], None],
                  on_lost: Callable[[int], bool], on_ready: Callable[[int], None], on_gone: Callable[[int], None],
                  on_read_done: Callable[[], None] = lambda: None, log_level: str = "info", ray: Any = None,
-                 feeders: int = 1):
+                 feeders: int = 1, log_format: str = "text"):
         if feeders != 1:   # (config refuses it: [devices] workers_per_device with ray)
             raise ValueError("Ray devices have one actor each: workers_per_device must be 1")
         self.ray = import_ray()
@@ -127,7 +131,7 @@ class RayDevicePool:
         self.cpu_threads = cpu_threads
         self.on_result, self.on_lost, self.on_ready, self.on_gone = on_result, on_lost, on_ready, on_gone
         self.on_read_done = on_read_done   # after each result (Ray delivers them one at a time)
-        self.log_level = log_level
+        self.log_level, self.log_format = log_level, log_format
         target = "cuda:0" if ray.gpus else "cpu"   # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES
         self.workers = [RayDevice(i, name, target, budget=RestartBudget(restart_limit, probe_s=probe_after_s))
                         for i, name in enumerate(devices)]
@@ -165,7 +169,7 @@ class RayDevicePool:
         setup = P.encoder.encode(P.Setup(worker.device, self.models, self.cpu_threads))
         # Named (unique per daemon and incarnation), so an operator can find it: ray.get_actor(name, namespace)
         worker.actor_name = f"dynbatchd-{os.getpid()}-{worker.name}-{worker.generation}"
-        worker.actor = self._remote.options(name=worker.actor_name, **options).remote(setup, self.log_level)
+        worker.actor = self._remote.options(name=worker.actor_name, **options).remote(setup, self.log_level, self.log_format)
         self._track(self._await_ready(worker, worker.actor, worker.generation))
 
     def _track(self, coro) -> asyncio.Task:

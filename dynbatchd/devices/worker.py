@@ -26,6 +26,7 @@ from dynbatchd import protocol as P
 from dynbatchd.devices.execution import Execution, execute  # noqa: F401 (execute: imported from here by tests)
 from dynbatchd.devices.pipeline import Finished, Pipeline
 from dynbatchd.devices.runners import Runner
+from dynbatchd.logs import FORMATS, setup as setup_logging
 
 log = logging.getLogger("dynbatchd.worker")
 
@@ -156,9 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--name", required=True)
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-format", default="text", choices=FORMATS)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
-                        format=f"%(asctime)s worker[{args.name}] %(levelname)s %(message)s")
+    setup_logging(args.log_level, args.log_format, worker=args.name)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

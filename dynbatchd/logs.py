@@ -1,0 +1,92 @@
+"""The daemon's and its workers' log lines: text (the default) or one JSON object per line.
+
+``[daemon] log_format = "json"`` makes every line on stderr (the daemon's and its workers', which
+share it and the journal) one JSON object::
+
+    {"time": "2026-12-03T08:50:01.123Z", "level": "info", "logger": "dynbatchd",
+     "message": "request 7 refused (channel medical)", "request_id": 7, "channel": "medical",
+     "model": "minilm", "code": "refused"}
+
+``time`` is ISO 8601 in UTC; ``worker`` names a worker process; a line about one request adds the
+fields it knows of `FIELDS` (passed as ``extra=request_fields(...)``); ``exception`` holds a
+traceback, in the same one line. The text format is the one the daemon always had.
+
+A request id in a log line is the client's own id (ZeroMQ) or the ``X-Request-Id`` of an HTTP
+request, passed through `safe_id`: an int, or a string of printable ASCII cut to `MAX_LOGGED_ID`
+characters. Never the request's content, which no log line may hold (tests/test_no_payload_in_logs.py).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+FORMATS = ("text", "json")
+FIELDS = ("request_id", "channel", "model", "tenant", "code", "rule")   # a request's, in this order
+MAX_ID = 128           # an X-Request-Id's characters (longer ones are cut)
+MAX_LOGGED_ID = 160    # an id in a log or audit line: MAX_ID plus an input's index ("ID#12")
+TEXT_FORMAT = "%(asctime)s %(name)s %(levelname)s %(message)s"
+
+
+def safe_id(value: Any, limit: int = MAX_LOGGED_ID) -> int | str | None:
+    """`value` fit for a log line: an int as is; a string with its characters outside printable
+    ASCII dropped, cut to `limit`; anything else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        if not (value.isascii() and value.isprintable()):
+            value = "".join(c for c in value if " " <= c <= "~")
+        return value[:limit]
+    return None
+
+
+def request_fields(request_id: Any, **fields: Any) -> dict[str, Any]:
+    """The ``extra`` of a log line about one request: its id (made safe) and the other `FIELDS`
+    given (None ones left out)."""
+    return {"request_id": safe_id(request_id), **{k: v for k, v in fields.items() if v is not None}}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def __init__(self, worker: str | None = None):
+        super().__init__()
+        self.worker = worker
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds")
+                    .replace("+00:00", "Z"),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if self.worker is not None:
+            line["worker"] = self.worker
+        for name in FIELDS:
+            value = record.__dict__.get(name)
+            if value is not None:
+                line[name] = value
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def setup(level: str, log_format: str = "text", *, worker: str | None = None) -> None:
+    """Log to stderr at `level` in `log_format`; `worker`: the worker process's name, if one."""
+    handler = logging.StreamHandler(sys.stderr)
+    if log_format == "json":
+        handler.setFormatter(JsonFormatter(worker))
+        logging.captureWarnings(True)   # a library's warning is a log line too, not raw stderr
+    elif worker is not None:
+        handler.setFormatter(logging.Formatter(f"%(asctime)s worker[{worker}] %(levelname)s %(message)s"))
+    else:
+        handler.setFormatter(logging.Formatter(TEXT_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler])
