@@ -19,6 +19,7 @@ import shutil
 import signal
 import tempfile
 import time
+from collections import Counter
 from typing import Any, Callable
 
 import msgspec
@@ -255,15 +256,16 @@ class Daemon(Operations):
     def _send(self, answers, channel: str | None = None) -> None:
         """Each engine answer as a reply to its client (warmup inputs have none). `channel`: the
         answers' channel, for the log line of an error, when they were never queued (answered at once)."""
-        front, queued = self.front, self._queued
+        front, queued, release = self.front, self._queued, self.quotas.release
+        counted: Counter[tuple[str | None, str, str]] = Counter()   # the answers per tenant and model, counted once at the end
         for answer in answers:
             pending = answer.payload
             envelope, request = pending.envelope, pending.request
             if envelope is None:
                 continue
             job = queued.pop((envelope[0], request.id), None)
-            self.quotas.release(pending)   # its tenant's in-flight place, whatever the answer
-            self.tenant_answers.count(request.tenant, request.model, answer.code)
+            release(pending)   # its tenant's in-flight place, whatever the answer
+            counted[(request.tenant, request.model, answer.code)] += 1
             if answer.code != OK:
                 self._log_answer(request, answer.code, answer.message, job.channel if job is not None else channel)
             if isinstance(envelope, LocalEnvelope):
@@ -278,6 +280,8 @@ class Daemon(Operations):
                     front.reply(envelope, P.Reply(request.id, True, tensor=value, timing=answer.timing), (data,))
                 else:
                     front.reply(envelope, P.Reply(request.id, True, value=value, timing=answer.timing))
+        if counted:
+            self.tenant_answers.count_all(counted)
 
     # -- scheduling ---------------------------------------------------------
     def _schedule_pump(self) -> None:
