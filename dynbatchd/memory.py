@@ -276,3 +276,37 @@ def device_limits(config: Any, devices: list[str], probe: Any = None) -> list[De
         out.append(DeviceLimit(items.items if items else 0, tokens.tokens if tokens else 0,
                                (items or tokens or DeviceLimit()).source))
     return out
+
+
+# ---------------------------------------------------------------------------
+# what the daemon's own batches hold, for the adaptive sizer
+# ---------------------------------------------------------------------------
+def batch_peak_bytes(device: str) -> int:
+    """Torch's peak *allocated* bytes on a CUDA `device` since the last call (the worker calls it once
+    per batch, so it is that batch's peak: the weights plus what the batch needed), then resets the
+    peak. Not the reserved bytes (torch's allocator keeps freed blocks cached) and not NVML's "used"
+    (every process's, cache included): neither falls when batches shrink, so a sizer fed them shrinks
+    for ever. 0 where not measured: not a CUDA device, torch not in use by this worker's runners."""
+    import sys
+
+    torch = sys.modules.get("torch")   # never imported here: a runner without torch pays nothing
+    if torch is None or not device.startswith("cuda"):
+        return 0
+    try:
+        if not torch.cuda.is_initialized():
+            return 0
+        peak = int(torch.cuda.max_memory_allocated(device))
+        torch.cuda.reset_peak_memory_stats(device)
+        return peak
+    except Exception:   # no driver, a device torch cannot see: unmeasured, never fatal to a batch
+        return 0
+
+
+def batch_memory_fraction(peaks: dict[int, int], total_bytes: int | None) -> float | None:
+    """The share of a device's memory its feeders' batches need: the sum of each feeder's last batch
+    peak (`batch_peak_bytes`; each feeder process holds its own weights) over the device's total.
+    None where nothing was measured (the caller then falls back to NVML's figure)."""
+    measured = sum(v for v in peaks.values() if v > 0)
+    if not measured or not total_bytes:
+        return None
+    return min(1.0, measured / total_bytes)

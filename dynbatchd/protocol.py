@@ -121,6 +121,7 @@ class BatchResult(msgspec.Struct, array_like=True, omit_defaults=True, gc=False,
     simulated: bool = False
     rejected: dict[int, str] = {}
     prepare_ns: int = 0   # the worker's CPU stage before the device (decode, tokenise; 0: not measured)
+    memory_bytes: int = 0   # torch's peak allocated bytes on the device during the batch (0: not measured)
 
 
 class ModelSpec(msgspec.Struct, gc=False):

@@ -337,6 +337,8 @@ class Daemon(Operations):
         if batch is None:
             return   # already answered (lost or stopped): a late result must not answer twice
         outcome = decode_outcome(result, frames, len(batch[0].items))
+        if result.memory_bytes:   # what the adaptive sizers see of memory (devices/observer.py)
+            self.engine.devices[device].stats.batch_memory[worker % self.engine.feeders] = result.memory_bytes
         if outcome.problem:
             log.error("worker for %s answered batch %d badly: %s", self.devices[device], result.batch_id,
                       outcome.problem)

@@ -203,6 +203,7 @@ class DeviceStats:
     items: int = 0
     busy_ns: int = 0
     since_ns: int = 0
+    batch_memory: dict[int, int] = field(default_factory=dict)   # feeder -> its last batch's peak allocated bytes
 
     def snapshot(self, now_ns: int) -> dict[str, Any]:
         span = now_ns - self.since_ns

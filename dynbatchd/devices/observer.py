@@ -1,7 +1,14 @@
 """Once a second: what the devices are doing, for the batch sizers, and who is hung.
 
-Utilisation and memory use come from NVML on GPUs; on the CPU, utilisation
-is the worker's measured busy fraction and memory is not reported (0). The
+Utilisation comes from NVML on GPUs; on the CPU, it is the worker's measured
+busy fraction. The memory the batch sizers see is what the daemon's own
+batches need: the sum of each feeder's torch peak *allocated* bytes in its
+last batch over the device's total (`dynbatchd.memory.batch_memory_fraction`),
+not NVML's "used", which counts the weights, torch's allocator cache and
+other processes and does not fall when batches shrink (a sizer fed it shrank
+for ever). Only where no worker reports that figure (a GPU runner without
+torch) is NVML's fraction used; on the CPU memory is not reported (0). The
+health score's memory headroom stays NVML's (the whole device). The
 same beat replaces a worker (the one feeder of its device that holds the
 batch, not its siblings) that has held a batch too long (hung in a model,
 or answering with messages the daemon cannot read): `batch_timeout_s`, or
@@ -19,6 +26,7 @@ from typing import Callable
 
 from dynbatchd.devices.pool import DevicePool
 from dynbatchd.engine import Engine
+from dynbatchd.memory import batch_memory_fraction
 from dynbatchd.telemetry import NvmlProbe
 
 # device name -> its latest NVML reading. One daemon per process: the devices it observes.
@@ -34,7 +42,7 @@ def sample_devices(engine: Engine, probe: NvmlProbe, last: list[tuple[int, int]]
     """One beat's readings: keep each GPU's NVML figures, and tell the engine the mean
     utilisation (NVML's, else the worker's busy fraction since the last beat) and the fullest
     device's memory use. `last` holds each device's (busy_ns, time) at the previous beat."""
-    utils, mems = [], []
+    utils, mems, sized = [], [], []
     for i, device in enumerate(engine.devices):
         busy0, t0 = last[i]
         last[i] = (device.stats.busy_ns, now)
@@ -45,12 +53,14 @@ def sample_devices(engine: Engine, probe: NvmlProbe, last: list[tuple[int, int]]
             _latest[device.name] = reading
         if reading is not None and reading.memory_fraction is not None:
             mems.append(reading.memory_fraction)
+            batches = batch_memory_fraction(device.stats.batch_memory, reading.memory_total_bytes)
+            sized.append(reading.memory_fraction if batches is None else batches)
         if reading is not None and reading.utilisation is not None:
             utils.append(reading.utilisation)
         elif now > t0:
             utils.append(min(1.0, (device.stats.busy_ns - busy0) / (now - t0)))
     engine.memory_used = max(mems) if mems else 0.0
-    engine.observe(now, sum(utils) / len(utils) if utils else 0.0, engine.memory_used)
+    engine.observe(now, sum(utils) / len(utils) if utils else 0.0, max(sized) if sized else 0.0)
 
 
 async def observe_devices(engine: Engine, pool: DevicePool, clock: Callable[[], int], after: Callable[[], None],

@@ -26,6 +26,7 @@ from dynbatchd import protocol as P
 from dynbatchd.devices.execution import Execution, execute  # noqa: F401 (execute: imported from here by tests)
 from dynbatchd.devices.pipeline import Finished, Pipeline
 from dynbatchd.devices.runners import Runner
+from dynbatchd.memory import batch_peak_bytes
 from dynbatchd.logs import FORMATS, setup as setup_logging
 
 log = logging.getLogger("dynbatchd.worker")
@@ -58,16 +59,17 @@ def _combine(run: Execution) -> np.ndarray | list[Any]:
 
 
 def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: bool,
-                  prepare_ns: int = 0) -> list[Any]:
-    """BatchResult header plus frames: a stacked array travels as one raw frame, uncopied."""
+                  prepare_ns: int = 0, memory_bytes: int = 0) -> list[Any]:
+    """BatchResult header plus frames: a stacked array travels as one raw frame, uncopied.
+    `memory_bytes`: torch's peak allocated during the batch (`dynbatchd.memory.batch_peak_bytes`)."""
     out = _combine(run)
     if isinstance(out, np.ndarray):
         header = P.BatchResult(batch_id, compute_ns, P.TensorRef(str(out.dtype), list(out.shape), 0),
-                               None, run.errors, run.oom, simulated, run.rejected, prepare_ns)
+                               None, run.errors, run.oom, simulated, run.rejected, prepare_ns, memory_bytes)
         return [P.encoder.encode(header), memoryview(out).cast("B")]
     try:
         return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, out, run.errors, run.oom, simulated,
-                                               run.rejected, prepare_ns))]
+                                               run.rejected, prepare_ns, memory_bytes))]
     except (TypeError, NotImplementedError, OverflowError) as exc:
         errors = {i: f"model output could not be encoded ({exc})" for i in range(len(out))}
         return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, None, errors, run.oom, simulated))]
@@ -122,7 +124,10 @@ def serve(endpoint: str, name: str) -> int:
     def send(done: Finished) -> None:
         # Wait until ZeroMQ has handed the result to the kernel before preparing another batch:
         # if a later batch kills this process, this result most likely reached the daemon already.
-        tracker = sock.send_multipart(encode_result(done.batch_id, done.run, done.compute_ns, done.simulated, done.prepare_ns),
+        # (the peak since the last result: this batch's, and with pipelining perhaps the next one's start)
+        memory = batch_peak_bytes(setup.device)
+        tracker = sock.send_multipart(encode_result(done.batch_id, done.run, done.compute_ns, done.simulated, done.prepare_ns,
+                                                    memory),
                                       copy=False, track=True)
         try:
             tracker.wait(5.0)
