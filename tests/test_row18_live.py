@@ -5,7 +5,7 @@ result cache, over ZeroMQ (the request's `request_type` / `user_frequency` field
 Each test fails when the routing rules or the `lifecycle` cache policy ignore either field:
 - routing: a rule on `request_type` sends refreshes to `refresh`, one on `user_frequency` sends
   daily users to `frequent`; everything else goes to `standard`;
-- the cache (2 entries, so it is full and must choose): a `rare` user's answer is kept only once
+- the cache (3 entries, so it is full and must choose): a `rare` user's answer is kept only once
   asked before (their repeat is recomputed, their third ask is a hit), a `daily` user's repeat is a
   hit; a `session_refresh` answer is kept even when the cache is full of answers asked more often,
   a new session's (asked once) is not.
@@ -44,7 +44,7 @@ BODY = """
     user_frequency = "daily"
     channel = "frequent"
     [cache]
-    entries = 2
+    entries = 3
     policy = "lifecycle"
     refresh_types = ["session_refresh"]
     rare_users = ["rare"]
@@ -129,10 +129,13 @@ def test_request_type_and_user_frequency_pick_the_channel(door):
 
 
 def fill(door) -> None:
-    """Make the 2-entry cache full of answers asked more often than once (it stays full)."""
-    hot = fresh("hot")
-    for _ in range(3):
-        door.ask(hot, "new_session", "weekly")
+    """Make the 3-entry cache full, its main space of answers asked three times (it stays full).
+    A refresh then enters the main space beside an older entry, so the next trial's victim is
+    that entry, not the refresh, even where the count-min sketch overcounts a newcomer."""
+    for _ in range(2):
+        hot = fresh("hot")
+        for _ in range(3):
+            door.ask(hot, "new_session", "weekly")
     door.ask(fresh("filler"), "new_session", "weekly")
 
 
