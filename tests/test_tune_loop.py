@@ -77,11 +77,15 @@ def test_canary_promotes_a_better_candidate(overloaded):
     assert verdict.figures["candidate"]["on_time"] >= 0.99          # no SLO breach on the canary's traffic
 
 
-def test_canary_rolls_back_early_when_the_candidate_misses(overloaded):
+def test_canary_rolls_back_a_candidate_that_misses_more(overloaded):
+    # Batches of one cannot carry the canary's 180 req/s. (It used to be decided early, on its
+    # misses alone, while the overloaded incumbent's queue had not yet reached its deadlines; since
+    # admission refuses what the shared device's measured drain rate cannot serve in time, the
+    # incumbent answers its own excess `overloaded` from the first half second, so the candidate's
+    # misses are judged against that share: the early abort is tested in test_canary_split.py.)
     canary, verdict, _ = _canary(overloaded, Setting(1, 0.0), seconds=3.0, share=0.3)
     assert verdict.action == ROLLBACK
-    assert "missed" in verdict.reason
-    assert verdict.figures["seconds"] < 3.0          # decided before its time was up
+    assert verdict.figures["candidate"]["on_time"] < verdict.figures["incumbent"]["on_time"]
 
 
 def test_canary_split_is_exact_and_deterministic():
