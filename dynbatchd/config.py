@@ -512,17 +512,28 @@ def search_order_text() -> str:
                                                          for p in DEFAULT_CONFIG_PATHS)
 
 
+def read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's table; ConfigError naming the file when it cannot be read or parsed
+    (FileNotFoundError passes through, for callers to whom a missing file means empty)."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from None
+    try:
+        return tomllib.loads(raw.decode())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(str(path), "", f"not valid TOML: {exc}") from None
+
+
 def load(path: str | Path) -> Config:
     """Read and structurally validate a TOML file."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-    except OSError as exc:
+        data = read_toml(path)
+    except FileNotFoundError as exc:
         raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from None
-    try:
-        data = tomllib.loads(raw.decode())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(str(path), "", f"not valid TOML: {exc}") from None
     return parse(data, str(path))
 
 

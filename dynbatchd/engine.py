@@ -186,6 +186,7 @@ class Engine:
         self.polls = 0           # scheduling passes asked of the scheduler (a cost figure)
         self._wakeup: int | None = None
         self._rotated_ns = now_ns
+        self._inflight = self._inflight_ns   # (bound once: the scheduler may ask it per request)
 
     # -- requests -----------------------------------------------------------
     def submit(self, job: Job, now_ns: int) -> Answer | None:
@@ -234,7 +235,7 @@ class Engine:
             if d.usable:
                 usable += 1
                 idle = idle or not d.held
-        if self.scheduler.submit(job, now_ns, usable, bool(idle), lambda: self._inflight_ns(now_ns)):
+        if self.scheduler.submit(job, now_ns, usable, bool(idle), self._inflight):
             return True
         self._judged(job.channel, False, 0, now_ns)
         return False

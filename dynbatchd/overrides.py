@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,6 @@ import msgspec
 
 from dynbatchd import config as cfgmod
 from dynbatchd.config import Config, ConfigError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 FILE_NAME = "overrides.toml"
 TRAIL = 200   # changes kept in the file's trail, newest last
@@ -77,15 +71,9 @@ class Overrides:
     def load(cls, path: Path) -> "Overrides":
         """Read `path` (a missing file is an empty drop-in); ConfigError naming file and key."""
         try:
-            raw = path.read_bytes()
+            parsed = cfgmod.read_toml(path)
         except FileNotFoundError:
             return cls(path)
-        except OSError as exc:
-            raise ConfigError(str(path), "", f"cannot read: {exc.strerror}") from None
-        try:
-            parsed = tomllib.loads(raw.decode())
-        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-            raise ConfigError(str(path), "", f"not valid TOML: {exc}") from None
         data = cfgmod._convert(parsed, DropIn, str(path))
         for channel, keys in data.channels.items():
             for key in keys:

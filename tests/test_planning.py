@@ -64,7 +64,7 @@ def test_a_planned_channel_is_not_refused_for_the_length_of_a_queue_its_plan_dro
     channel = s.channels["c"]
     channel.mean_tokens = 3000.0
     assert channel.plans_by_size()
-    channel._backlogged_since, channel._lagging_at, channel._lagging_rate = 0, 0, 1e-9   # 1 request/s drains
+    channel._backlogged_since, channel._drain_read_at, channel._drain_read = 0, 0, 1e-9   # 1 request/s drains
     for i in range(200):
         assert channel.offer(item(0, 9000, 60_000), 0)
     small = item(0, 50, 1000)
@@ -132,7 +132,7 @@ def test_admission_counts_what_the_devices_hold_and_keeps_one_batch_of_slack():
         cost.observe(4, 0, 10 * MS, 0)
     for _ in range(8):
         assert s.submit(item(0, 0, 1000), 0, 1, idle=False)
-    held = lambda: 15 * MS                                   # noqa: E731 (the devices' held work, from the engine)
+    held = lambda now_ns: 15 * MS                            # noqa: E731 (the devices' held work, from the engine)
     # Due in 45 ms: 15 held + 20 queued, its own ~8.5 and one full batch (10 ms) of slack: 53.5 ms.
     assert not s.submit(item(0, 0, 45), 0, 1, idle=False, inflight_ns=held)
     assert s.channels["c"].refused_wait_ns == pytest.approx(35 * MS, abs=10)

@@ -74,12 +74,12 @@ class Scheduler:
 
     # -- inputs -------------------------------------------------------------
     def submit(self, item: Item, now_ns: int, devices: int = 1, idle: bool = True,
-               inflight_ns: Callable[[], int] | None = None) -> bool:
+               inflight_ns: Callable[[int], int] | None = None) -> bool:
         """Queue a routed request; False means answer `overloaded` (see `Channel.offer`).
 
         The predicted wait is the device time the work ahead of it needs, spread over the
         `devices` that serve: what they are still to run of the batches they hold
-        (`inflight_ns()`, asked only when a prediction is made), then its own channel's queue
+        (`inflight_ns(now_ns)`, asked only when a prediction is made), then its own channel's queue
         and that of every channel of higher priority. No prediction while a device is `idle` or
         while the channel may not refuse on its learned cost (`Channel.refuses_on_cost`: not
         settled, or not confirmed lately).
@@ -91,7 +91,7 @@ class Scheduler:
             # floor of device time, `LongShare`, serves it; if not in time, it expires.)
             return channel.offer(item, now_ns)
         mine = channel.settings.priority
-        ahead = inflight_ns() if inflight_ns is not None else 0
+        ahead = inflight_ns(now_ns) if inflight_ns is not None else 0
         for other in self.channels.values():   # (a plain loop: this runs per request under load)
             if other.depth and other.settings.priority > mine:
                 ahead += other.backlog_ns()

@@ -119,8 +119,8 @@ class Channel:
         self._rate_at = 0
         self.refused_wait_ns: int | None = None      # the predicted wait of the last refusal
         self._backlogged_since: int | None = None   # more queued than a batch takes, since then
-        self._lagging_at = -self.LAG_REFRESH_NS      # when the drain rate below was read
-        self._lagging_rate = 0.0                     # drain rate while it lags the arrivals, else 0
+        self._drain_read_at = -self.LAG_REFRESH_NS   # when the drain rate below was read
+        self._drain_read = 0.0                       # the drain rate then (admission asks per request)
         self._arrivals = 0.0            # accepted requests per ns, decayed over ARRIVAL_TAU_NS
         self._arrivals_at = 0
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
@@ -157,10 +157,10 @@ class Channel:
         since = self._backlogged_since
         if since is None or now_ns - since < self.RATE_TAU_NS:
             return 0
-        if now_ns - self._lagging_at >= self.LAG_REFRESH_NS:   # (the rates move over ~0.5 s)
-            self._lagging_at = now_ns
-            self._lagging_rate = self.drain_rate(now_ns)
-        rate = self._lagging_rate
+        if now_ns - self._drain_read_at >= self.LAG_REFRESH_NS:   # (the rates move over ~0.5 s)
+            self._drain_read_at = now_ns
+            self._drain_read = self.drain_rate(now_ns)
+        rate = self._drain_read
         return int(self.depth / rate) if rate > 0 else 0
 
     def backlog_ns(self, up_to_tokens: int | None = None) -> int:
@@ -231,13 +231,11 @@ class Channel:
                 limit = self.sizer.max_batch()
                 run_ns += self.cost.estimate_ns(limit, int(self.mean_tokens * limit))
             if now_ns + wait_ns + run_ns > item.deadline_ns:
-                if self.cost.disputed:   # a cost that overestimates what was measured refuses nothing
-                    self.disputed_refusal(item, run_ns)
-                    wait_ns = None
-            if wait_ns is not None and now_ns + wait_ns + run_ns > item.deadline_ns:
-                self.stats.overloaded += 1
-                self.refused_wait_ns = wait_ns
-                return False
+                if not self.cost.disputed:
+                    self.stats.overloaded += 1
+                    self.refused_wait_ns = wait_ns
+                    return False
+                self.disputed_refusal(item, run_ns)   # a cost far above what was measured refuses nothing
         if self._backlogged_since is None and self.depth >= self.sizer.max_batch():
             self._backlogged_since = now_ns
         self.lane_for(item).push(item)
@@ -425,17 +423,20 @@ class Channel:
                 stats.wait_ns += now_ns - item.arrival_ns
         return Batch(batch_id, self.name, lane.model, items, now_ns, limit, tokens)
 
-    def plans_by_size(self) -> bool:
-        """Whether this channel's batches are planned by request size (`_planned_first`): the tokens
-        of its mean request cost more device time than the request itself."""
+    def _tokens_outweigh(self, mean_tokens: float) -> bool:
+        """Whether a request of `mean_tokens` costs more device time by its tokens than by itself
+        (else, e.g. for a no-op model, planning by size would cost more than it saves)."""
         _, per_item, per_token = self.cost.coefficients()
-        return per_token * self.mean_tokens > per_item
+        return per_token * mean_tokens > per_item
+
+    def plans_by_size(self) -> bool:
+        """Whether this channel's batches are planned by request size (`_planned_first`), by the
+        mean request it has accepted."""
+        return self._tokens_outweigh(self.mean_tokens)
 
     def _sizes_matter(self, lane: Lane) -> bool:
-        """Whether picking by size can pay: the tokens of a mean request cost more device time than
-        the request itself (else, e.g. for a no-op model, the scan would cost more than it saves)."""
-        _, per_item, per_token = self.cost.coefficients()
-        return per_token * lane.tokens / len(lane) > per_item
+        """Whether planning `lane` by size can pay, by its mean queued request."""
+        return self._tokens_outweigh(lane.tokens / len(lane))
 
     PLAN_BATCHES = 8   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn)
 
