@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no CUDA device here (torch {torch.__version__}): nothing measured. Run it on a GPU machine "
               "(see ../shared/gpu/README.md), or with --device cpu to try the code on the CPU.")
         return 0
-    from dynbatchd.devices.runners import SentenceEmbeddingRunner
+    from dynbatchd.devices.embedding import SentenceEmbeddingRunner
 
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     where = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "CPU"

@@ -26,7 +26,7 @@ import time
 
 from dynbatchd.devices.execution import execute
 from dynbatchd.devices.pipeline import Finished, Pipeline
-from dynbatchd.devices.runners import SimulatedRunner
+from dynbatchd.devices.simulated_runner import SimulatedRunner
 from dynbatchd.devices.worker import encode_result
 
 

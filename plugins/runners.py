@@ -9,12 +9,12 @@ from dynbatchd.hookspecs import hookimpl
 def dynbatchd_runners():
     # Imported lazily by the runner itself: torch loads only in worker processes. Each class
     # declares its OPTIONS, so the daemon checks a model's options without importing torch.
-    from dynbatchd.devices import exported, runners
+    from dynbatchd.devices import embedding, exported, runners, simulated_runner
     return {
-        "sentence-embedding": runners.SentenceEmbeddingRunner,
+        "sentence-embedding": embedding.SentenceEmbeddingRunner,
         "torchscript": exported.TorchScriptRunner,
         "exported": exported.ExportedRunner,
         "callable": runners.CallableRunner,
-        "simulated": runners.SimulatedRunner,
+        "simulated": simulated_runner.SimulatedRunner,
         "noop": runners.NoopRunner,
     }

