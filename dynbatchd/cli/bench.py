@@ -179,12 +179,7 @@ def bench(ctx: typer.Context,
     cfg_hash = cells.config_hash(cfgmod.to_dict(cfg))
     live = None
     if not simulated:
-        from dynbatchd.cli import dynbatchctl   # its control_call, the one a test may replace
-
-        curve = ctx.obj.curve_args(ctx.obj.control)
-
-        def call(cmd: str, **args: Any) -> Any:
-            return dynbatchctl.control_call(ctx.obj.control, cmd, **curve, **args)
+        call = ctx.obj.call   # the control call dynbatchctl gave its Target (one a test may replace)
         try:
             live = B.LiveBench(call, ctx.obj.endpoint, channel, **ctx.obj.curve_args(ctx.obj.endpoint))
             cfg_hash = cells.config_hash(call("config"))
