@@ -83,7 +83,7 @@ def load_profile(spec: str | Path) -> Profile:
         data = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise cfgmod.ConfigError(str(path), "", f"not valid TOML: {exc}") from None
-    profile = cfgmod._convert(data, Profile, str(path))
+    profile = cfgmod.convert(data, Profile, str(path))
     if profile.power_busy_w < profile.power_idle_w:
         raise cfgmod.ConfigError(str(path), "power_busy_w", f"must be at least power_idle_w "
                                  f"({profile.power_idle_w:g}), got `{profile.power_busy_w:g}`")

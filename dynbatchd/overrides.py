@@ -74,7 +74,7 @@ class Overrides:
             parsed = cfgmod.read_toml(path)
         except FileNotFoundError:
             return cls(path)
-        data = cfgmod._convert(parsed, DropIn, str(path))
+        data = cfgmod.convert(parsed, DropIn, str(path))
         for channel, keys in data.channels.items():
             for key in keys:
                 if key not in TUNABLE:

@@ -31,7 +31,7 @@ def places(tmp_path, monkeypatch):
     local = config_with_control(work / "etc" / "dynbatchd.toml", "ipc:///local")
     system = config_with_control(tmp_path / "system" / "dynbatchd.toml", "ipc:///system")
     monkeypatch.chdir(work)
-    monkeypatch.setattr(cfgmod, "DEFAULT_CONFIG_PATHS", ("etc/dynbatchd.toml", str(system)))
+    monkeypatch.setattr(cfgmod.paths, "DEFAULT_CONFIG_PATHS", ("etc/dynbatchd.toml", str(system)))
     return {"local": local, "system": system, "explicit": config_with_control(tmp_path / "x.toml", "ipc:///explicit"),
             "env": config_with_control(tmp_path / "env.toml", "ipc:///env"), "work": work}
 

@@ -120,7 +120,7 @@ def test_the_configured_figure_wins_over_nvml_as_in_the_daemon(config, monkeypat
 
 def test_a_model_directory_without_a_config_file(llama, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(cfgmod, "DEFAULT_CONFIG_PATHS", ())
+    monkeypatch.setattr(cfgmod.paths, "DEFAULT_CONFIG_PATHS", ())
     result = invoke("--model", str(llama), "--memory-gb", "24", "--seq-len", "1024", "--dtype", "float16", "--json")
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)

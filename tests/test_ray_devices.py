@@ -91,8 +91,8 @@ def test_config_needs_exactly_one_kind_of_ray_device():
 
 
 def test_without_ray_a_config_asking_for_it_is_refused_saying_what_to_install(monkeypatch):
-    real = cfgmod.importlib.util.find_spec
-    monkeypatch.setattr(cfgmod.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
+    real = cfgmod.rules.importlib.util.find_spec
+    monkeypatch.setattr(cfgmod.rules.importlib.util, "find_spec", lambda name, *a: None if name == "ray" else real(name, *a))
     with pytest.raises(ConfigError, match=r"devices\.ray.*pip install 'dynbatchd\[ray\]'"):
         load_config_text(textwrap.dedent(SIMULATED) + "\n[devices]\nray = { cpus = 1 }\n")
     monkeypatch.setitem(sys.modules, "ray", None)   # `import ray` now raises ImportError

@@ -47,7 +47,7 @@ def plugins():
 @pytest.fixture
 def no_system_dir(monkeypatch, tmp_path):
     """No running system service (no /run/dynbatchd) and no systemd runtime directory."""
-    monkeypatch.setattr(cfgmod, "SYSTEM_RUNTIME_DIR", str(tmp_path / "no-such-run-dir"))
+    monkeypatch.setattr(cfgmod.paths, "SYSTEM_RUNTIME_DIR", str(tmp_path / "no-such-run-dir"))
     monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
 
 
@@ -65,7 +65,7 @@ def test_a_running_system_service_is_found_without_runtime_directory(monkeypatch
     monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
     system = tmp_path / "run-dynbatchd"
     system.mkdir()
-    monkeypatch.setattr(cfgmod, "SYSTEM_RUNTIME_DIR", str(system))
+    monkeypatch.setattr(cfgmod.paths, "SYSTEM_RUNTIME_DIR", str(system))
     assert cfgmod.default_control() == f"ipc://{system}/control.sock"
 
 
@@ -82,7 +82,7 @@ def test_dynbatchctl_and_the_daemon_agree_on_the_default(monkeypatch, tmp_path, 
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
     monkeypatch.delenv("DYNBATCHD_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)   # no ./etc/dynbatchd.toml
-    monkeypatch.setattr(cfgmod, "DEFAULT_CONFIG_PATHS", ("etc/dynbatchd.toml",))
+    monkeypatch.setattr(cfgmod.paths, "DEFAULT_CONFIG_PATHS", ("etc/dynbatchd.toml",))
     daemon_side = load(tmp_path, BASE).daemon.control
     assert ctl.Target(None, None, None).control == daemon_side == f"ipc://{tmp_path}/dynbatchd/control.sock"
     seen = []

@@ -1,0 +1,51 @@
+"""TOML configuration: parsed into frozen, typed settings.
+
+Every error names the file, the key and the rule broken, e.g.
+``etc/dynbatchd.toml: channels.realtime.max_batch: expected `int` >= 1, got `0```.
+Unknown keys are errors, not silently ignored.
+
+Split by job, each name importable from here as before:
+
+- `dynbatchd.config.schema`: the structs, one per TOML table, and the bounds of every number;
+- `dynbatchd.config.reading`: TOML to a table (`read_toml`), a table to a `Config` (`parse`,
+  `load`, `convert`), and checked copies (`with_channel`);
+- `dynbatchd.config.rules`: the rules across settings (`check_references`);
+- `dynbatchd.config.paths`: the config file's search order, the runtime and state directories;
+- `dynbatchd.config.keys`: CURVE key files.
+
+Errors are `dynbatchd.errors`': `ConfigError` carries `file`, `key` and `rule`.
+"""
+
+from __future__ import annotations
+
+from dynbatchd.config.keys import (ADMINS_DIR, CLIENTS_DIR, SERVER_KEY_NAME, KeyFileError, admin_keys_dir,
+                                   client_keys_dir, curve_endpoints, read_key_file, server_public_key_file,
+                                   server_secret_key_file, writable_by_others, write_keypair)
+from dynbatchd.config.paths import (CONFIG_ENV, CONTROL_SOCKET, DEFAULT_CONFIG_PATHS, DEFAULT_KEYS_DIR,
+                                    SYSTEM_RUNTIME_DIR, SYSTEM_STATE_DIR, UnsafeDirectory, default_control,
+                                    default_state_dir, ensure_private_dir, find_config, private_runtime_dir,
+                                    runtime_dir, search_order_text, state_path)
+from dynbatchd.config.reading import (check_channel_values, convert, load, parse, read_toml, to_dict,
+                                      with_channel)
+from dynbatchd.config.rules import check_references, is_loopback_host
+from dynbatchd.config.schema import (DEVICE_NAME, MAX_BATCH, MAX_MS, MAX_PRIORITY, MAX_QUEUE, MAX_S,
+                                     MAX_TOKENS, CacheSettings, ChannelSettings, ComplianceSettings, Config,
+                                     DaemonSettings, DeviceSettings, Frozen, GigaBytes, HttpSettings, InFlight,
+                                     Millis, ModelSettings, NonNegative, PolicySettings, Priority, QuotaSettings,
+                                     Rate, RaySettings, RoutingRule, RoutingSettings, Seconds, TenantQuota,
+                                     TopUsersSettings)
+from dynbatchd.errors import ConfigError
+
+__all__ = [
+    "ADMINS_DIR", "CLIENTS_DIR", "CONFIG_ENV", "CONTROL_SOCKET", "DEFAULT_CONFIG_PATHS", "DEFAULT_KEYS_DIR",
+    "DEVICE_NAME", "MAX_BATCH", "MAX_MS", "MAX_PRIORITY", "MAX_QUEUE", "MAX_S", "MAX_TOKENS", "SERVER_KEY_NAME",
+    "SYSTEM_RUNTIME_DIR", "SYSTEM_STATE_DIR", "CacheSettings", "ChannelSettings", "ComplianceSettings", "Config",
+    "ConfigError", "DaemonSettings", "DeviceSettings", "Frozen", "GigaBytes", "HttpSettings", "InFlight",
+    "KeyFileError", "Millis", "ModelSettings", "NonNegative", "PolicySettings", "Priority", "QuotaSettings",
+    "Rate", "RaySettings", "RoutingRule", "RoutingSettings", "Seconds", "TenantQuota", "TopUsersSettings",
+    "UnsafeDirectory", "admin_keys_dir", "check_channel_values", "check_references", "client_keys_dir",
+    "convert", "curve_endpoints", "default_control", "default_state_dir", "ensure_private_dir", "find_config",
+    "is_loopback_host", "load", "parse", "private_runtime_dir", "read_key_file", "read_toml", "runtime_dir",
+    "search_order_text", "server_public_key_file", "server_secret_key_file", "state_path", "to_dict",
+    "with_channel", "writable_by_others", "write_keypair",
+]

@@ -1,0 +1,117 @@
+"""The rules a configuration must obey across its settings (references between tables, safe
+endpoints, devices); each broken rule is a ConfigError naming the key.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import ipaddress
+import re
+
+from dynbatchd.config.schema import DEVICE_NAME, Config, DeviceSettings
+from dynbatchd.errors import ConfigError
+
+def _check_ray(src: str, devices: DeviceSettings) -> None:
+    ray = devices.ray
+    if (ray.gpus > 0) == (ray.cpus > 0):
+        raise ConfigError(src, "devices.ray",
+                          "needs exactly one of gpus = N (one actor per GPU) or cpus = N (CPU actors)")
+    if devices.workers_per_device != 1:
+        raise ConfigError(src, "devices.workers_per_device", "must be 1 with devices.ray (one actor per device)")
+    if importlib.util.find_spec("ray") is None:
+        raise ConfigError(src, "devices.ray", "needs Ray, which is not installed: pip install 'dynbatchd[ray]'")
+
+
+def check_references(cfg: Config) -> None:
+    src = cfg.source
+    if not cfg.channels:
+        raise ConfigError(src, "channels", "at least one channel is required")
+    if not cfg.models:
+        raise ConfigError(src, "models", "at least one model is required")
+    if cfg.routing.default not in cfg.channels:
+        raise ConfigError(src, "routing.default", f"names unknown channel {cfg.routing.default!r}")
+    if cfg.cache.warmup_channel and cfg.cache.warmup_channel not in cfg.channels:
+        raise ConfigError(src, "cache.warmup_channel", f"names unknown channel {cfg.cache.warmup_channel!r}")
+    for i, rule in enumerate(cfg.routing.rules):
+        if rule.channel not in cfg.channels:
+            raise ConfigError(src, f"routing.rules[{i}].channel", f"names unknown channel {rule.channel!r}")
+        if rule.model is not None and rule.model not in cfg.models:
+            raise ConfigError(src, f"routing.rules[{i}].model", f"names unknown model {rule.model!r}")
+    for name, ch in cfg.channels.items():
+        if ch.window_ms > ch.deadline_ms:
+            raise ConfigError(src, f"channels.{name}.window_ms",
+                              f"window {ch.window_ms:g} ms exceeds the channel deadline {ch.deadline_ms:g} ms")
+        if ch.token_buckets != sorted(set(ch.token_buckets)):
+            raise ConfigError(src, f"channels.{name}.token_buckets", "must be strictly increasing token counts")
+    for ep_key in ("listen", "control"):
+        ep = getattr(cfg.daemon, ep_key)
+        if not re.match(r"^(tcp|ipc|inproc)://.+", ep):
+            raise ConfigError(src, f"daemon.{ep_key}", f"{ep!r} is not a ZeroMQ endpoint (tcp://, ipc://)")
+    control = cfg.daemon.control
+    if control.startswith("ipc://@"):
+        raise ConfigError(src, "daemon.control",
+                          f"{control!r} is an abstract socket, which has no file permissions: any local "
+                          "user could retune or stop the daemon; use an ipc:// path")
+    if not cfg.daemon.curve and control.startswith("tcp://"):
+        raise ConfigError(src, "daemon.control",
+                          f"{control!r} is tcp:// and CURVE is off: without authentication any user who can "
+                          "connect (on loopback: any local user) could read the configuration or retune and "
+                          "stop the daemon; use an ipc:// path, which its file permissions guard (or set "
+                          "daemon.curve = true)")
+    if not cfg.daemon.keys_dir:
+        raise ConfigError(src, "daemon.keys_dir", "must name a directory")
+    if cfg.http.listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.http.listen):
+        raise ConfigError(src, "http.listen", f"{cfg.http.listen!r} is not HOST:PORT")
+    if bool(cfg.http.tls_cert) != bool(cfg.http.tls_key):
+        raise ConfigError(src, "http.tls_key" if cfg.http.tls_cert else "http.tls_cert",
+                          "tls_cert and tls_key go together: a certificate and its private key")
+    if cfg.daemon.curve and cfg.http.listen and not cfg.http.keys:
+        raise ConfigError(src, "http.keys",
+                          "daemon.curve is on and the HTTP door has no API keys: it would serve clients whose "
+                          "keys the daemon refuses; set http.keys = true (dynbatchctl http-key create NAME "
+                          "--tenant T) or leave http.listen empty")
+    if cfg.http.listen and not is_loopback_host(cfg.http.listen.rpartition(":")[0]) and not (
+            cfg.http.keys and cfg.http.tls_cert):
+        raise ConfigError(src, "http.listen",
+                          f"{cfg.http.listen!r} is not a loopback address, and the HTTP door off loopback needs "
+                          "API keys and TLS (http.keys = true, http.tls_cert and http.tls_key): else anyone who "
+                          "reaches the port is served, in clear; listen on 127.0.0.1 (behind a proxy that "
+                          "authenticates) or set them")
+    if cfg.daemon.metrics_listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.daemon.metrics_listen):
+        raise ConfigError(src, "daemon.metrics_listen", f"{cfg.daemon.metrics_listen!r} is not HOST:PORT")
+    if cfg.devices.ray is not None:
+        _check_ray(src, cfg.devices)
+    if isinstance(cfg.devices.use, str) and cfg.devices.use != "auto":
+        raise ConfigError(src, "devices.use", 'must be "auto" or a list such as ["cuda:0", "cpu"]')
+    if isinstance(cfg.devices.use, list):
+        for i, dev in enumerate(cfg.devices.use):
+            if not DEVICE_NAME.match(dev):
+                raise ConfigError(src, f"devices.use[{i}]", f"{dev!r} is not a device (cpu, cuda:N)")
+    if isinstance(cfg.devices.memory_gb, dict) and cfg.devices.ray is not None:
+        names = cfg.devices.ray.device_names()
+        for dev in cfg.devices.memory_gb:
+            if dev not in names:
+                raise ConfigError(src, f"devices.memory_gb.{dev}",
+                                  f"{dev!r} is not one of the Ray devices ({', '.join(names) or 'none'})")
+    elif isinstance(cfg.devices.memory_gb, dict):
+        use = cfg.devices.use if isinstance(cfg.devices.use, list) else None
+        for dev in cfg.devices.memory_gb:
+            if not DEVICE_NAME.match(dev):
+                raise ConfigError(src, f"devices.memory_gb.{dev}", f"{dev!r} is not a device (cpu, cuda:N)")
+            if use is not None and dev not in use:
+                raise ConfigError(src, f"devices.memory_gb.{dev}",
+                                  f"{dev!r} is not one of the devices in devices.use ({', '.join(use)})")
+
+
+def is_loopback_host(host: str) -> bool:
+    """True for a loopback host of HOST:PORT (``127.*``, ``[::1]``, ``localhost``); a wildcard
+    (``*``, ``0.0.0.0``, empty), an interface name or any other address is not."""
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
