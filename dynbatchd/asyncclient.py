@@ -1,0 +1,143 @@
+"""`AsyncClient`: many requests in flight on one DEALER socket, replies matched by id, on the
+caller's asyncio loop. The blocking `Client` (`dynbatchd.client`) runs one on a thread of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from typing import Any, Iterable
+
+import zmq
+import zmq.asyncio
+
+from dynbatchd import protocol as P
+from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, ClientClosed, CurveKeys, DynbatchdError,
+                                  Result, Timeout, build_request, parse_reply, raise_for)
+
+
+class AsyncClient:
+    """``await AsyncClient(endpoint).infer("minilm", "text")`` -> numpy array.
+
+    `timeout` (seconds, default ``DEFAULT_TIMEOUT_S`` = 60) bounds every
+    request, from sending it to its answer, unless a call gives its own; a
+    request that runs out raises `Timeout` (a `TimeoutError`). Only an
+    explicit ``timeout=None`` waits forever. `close()` fails every request
+    still in flight with `ClientClosed`: no call is left waiting on a daemon
+    that went away. `curve`: this client's keys and the daemon's public key
+    (`CurveKeys`), for a daemon with CURVE on (used on tcp:// only).
+    """
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, timeout: float | None = DEFAULT_TIMEOUT_S,
+                 context: zmq.asyncio.Context | None = None, curve: CurveKeys | None = None):
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._ctx = context or zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self._sock, endpoint)
+        self._sock.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._reader: asyncio.Task | None = None
+        self.closed = False
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the socket; every request still waiting fails with `ClientClosed`."""
+        if self.closed:
+            return
+        self.closed = True
+        if self._reader:
+            self._reader.cancel()
+        self._fail_pending(ClientClosed("client closed"))
+        self._sock.close(0)
+
+    def _fail_pending(self, exc: DynbatchdError) -> None:
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+                fut.exception()   # retrieved: a request whose send never finished does not await it
+
+    async def _read_replies(self) -> None:
+        try:
+            while True:
+                frames = await self._sock.recv_multipart()
+                try:
+                    reply = P.reply_decoder.decode(frames[0])
+                except Exception:
+                    continue
+                fut = self._pending.pop(reply.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(frames)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:   # the socket failed under us: nobody may keep waiting for it
+            self._fail_pending(DynbatchdError(f"connection to {self.endpoint} failed: {exc}", "closed"))
+
+    async def infer_result(self, model: str, inputs: Any, *, tags: Iterable[str] = (), request_type: str | None = None,
+                           user_frequency: str | None = None, tokens: int | None = None, priority: int | None = None,
+                           deadline_ms: float | None = None, tenant: str | None = None, user: str | None = None,
+                           timeout: float | None = CLIENT_TIMEOUT) -> Result:
+        """Like `infer`, but also returns the reply's timing.
+
+        `timeout`: seconds for this request, sending included (default: the
+        client's, 60 s unless set; None: no limit). Raises `Timeout` past it.
+        """
+        if self.closed:
+            raise ClientClosed("client closed")
+        limit = self.timeout if timeout is CLIENT_TIMEOUT else timeout
+        if self._reader is None:
+            self._reader = asyncio.ensure_future(self._read_replies())
+        req_id = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
+        frames_out = build_request(
+            req_id, model, inputs, tags=tuple(tags), request_type=request_type, user_frequency=user_frequency,
+            tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user)
+
+        async def exchange() -> list[bytes]:
+            if self.closed:   # closed before this task ran: a send on a closed socket leaves an orphan future
+                raise ClientClosed("client closed")
+            await self._sock.send_multipart(frames_out)
+            return await fut
+
+        try:
+            frames = await asyncio.wait_for(exchange(), limit)
+        except asyncio.TimeoutError:
+            self._cancel(req_id)
+            raise Timeout(f"no answer from {self.endpoint} within {limit:g} s") from None
+        except asyncio.CancelledError:   # the caller gave up (a cancelled task or future)
+            self._cancel(req_id)
+            raise
+        except zmq.ZMQError as exc:
+            if self.closed:
+                raise ClientClosed("client closed") from None
+            raise DynbatchdError(f"cannot send to {self.endpoint}: {exc}", "closed") from None
+        finally:
+            self._pending.pop(req_id, None)
+        reply, output = parse_reply(frames)
+        raise_for(reply)
+        return Result(reply.id, output, reply.timing or P.Timing())
+
+    def _cancel(self, req_id: int) -> None:
+        """Tell the daemon to withdraw `req_id` if it is still queued (best effort, never blocks)."""
+        if self.closed:   # the socket is gone, and the daemon drops what a gone client asked
+            return
+        try:
+            sent = self._sock.send(P.encoder.encode(P.Request(req_id, cancel=True)), zmq.NOBLOCK)
+        except zmq.ZMQError:
+            return
+        if isinstance(sent, asyncio.Future):   # its failure is retrieved here, never left to be logged
+            sent.add_done_callback(lambda f: f.cancelled() or f.exception())
+
+    async def infer(self, model: str, inputs: Any, **kwargs: Any) -> Any:
+        """Send one input (text, numpy array or plain value) and return its output."""
+        return (await self.infer_result(model, inputs, **kwargs)).output

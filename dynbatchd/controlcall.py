@@ -1,0 +1,84 @@
+"""`control_call`: one command on the daemon's control socket, blocking, with a clear line when
+the daemon is not there or refuses this client's CURVE key in the handshake.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+import zmq
+
+from dynbatchd import protocol as P
+from dynbatchd.clientwire import CurveKeys, DynbatchdError, check_running
+
+_HANDSHAKE_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                        | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+
+
+def _handshake_refusal(monitor: zmq.Socket) -> str | None:
+    """Why the daemon refused our CURVE handshake, from the client socket's monitor, or None."""
+    from zmq.utils.monitor import recv_monitor_message
+
+    while monitor.poll(0):
+        event = recv_monitor_message(monitor)
+        if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return "the daemon refused this client's CURVE key (not among its admitted client keys)"
+        if event["event"] & _HANDSHAKE_FAILED:
+            return "the CURVE handshake failed (is the server key the daemon's own, and CURVE on there?)"
+    return None
+
+
+def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: CurveKeys | None = None,
+                 **args: Any) -> Any:
+    """One control-socket request; returns `result` or raises DynbatchdError with the daemon's message.
+
+    `curve`: this client's keys and the daemon's public key, for a tcp:// control socket
+    with CURVE on; a refused handshake raises DynbatchdError (code ``refused``) at once, and so
+    does nothing listening there (`NotRunning`, code ``not_running``).
+    """
+    try:
+        request = P.encoder.encode({"cmd": cmd, "args": args})
+    except (OverflowError, TypeError) as exc:   # e.g. an integer msgpack cannot carry
+        raise DynbatchdError(f"cannot send {cmd}: {exc}", "bad_request") from None
+    check_running(endpoint)
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    monitor = None
+    try:
+        if curve is not None and curve.apply(sock, endpoint):
+            monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
+        sock.connect(endpoint)
+        sock.send(request)
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        if monitor is not None:
+            poller.register(monitor, zmq.POLLIN)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            ready = dict(poller.poll(left_ms))
+            if sock in ready:
+                break
+            why = _handshake_refusal(monitor) if monitor is not None and monitor in ready else None
+            if why:
+                raise DynbatchdError(f"{endpoint}: {why}", "refused")
+            if not ready or time.monotonic() >= deadline:
+                raise DynbatchdError(f"no answer from the daemon's control socket {endpoint} within {timeout_s:g} s "
+                                     "(is dynbatchd running?)", "unreachable")
+        try:
+            reply = msgspec.msgpack.decode(sock.recv())
+        except msgspec.DecodeError as exc:
+            raise DynbatchdError(f"unreadable answer from {endpoint}: {exc}", "control") from None
+    finally:
+        if monitor is not None:
+            sock.disable_monitor()
+            monitor.close(0)
+        sock.close(0)
+    if not isinstance(reply, dict) or not reply.get("ok"):
+        if not isinstance(reply, dict):
+            raise DynbatchdError(f"unreadable answer from {endpoint}: {reply!r}", "control")
+        raise DynbatchdError(reply.get("error", "control command failed"), "control")
+    return reply["result"]
