@@ -27,6 +27,7 @@ import msgspec
 from msgspec import Meta
 
 from dynbatchd import config as cfgmod
+from dynbatchd.errors import DynbatchdError
 from dynbatchd.simulate import Arrival, DeviceModel, SimResult, mix_tokens, read_trace_csv, simulate
 
 SECOND = 1_000_000_000
@@ -173,7 +174,7 @@ def unbatched(channels: Mapping[str, Any]) -> dict[str, Any]:
             for name, c in channels.items()}
 
 
-class Unattainable(ValueError):
+class Unattainable(DynbatchdError, ValueError):
     """A channel misses its target however many devices there are (its requests alone outlast its deadline)."""
 
 

@@ -12,12 +12,13 @@ from dynbatchd.control.server import ControlServer
 from dynbatchd.doors import LocalDoor
 from dynbatchd.metrics import serve as serve_metrics
 from dynbatchd.transport import CurveServer, FrontEnd
+from dynbatchd.errors import DynbatchdError
 
 if TYPE_CHECKING:
     from dynbatchd.service import Daemon
 
 
-class StartupError(Exception):
+class StartupError(DynbatchdError):
     """The daemon cannot start (an address in use...): one line for the operator, exit status 1."""
 
 

@@ -12,6 +12,8 @@ from typing import Any
 
 import msgspec
 
+from dynbatchd.errors import DynbatchdError
+
 PROTOCOL_VERSION = 1
 
 # Error codes: stable strings, part of the public protocol.
@@ -194,7 +196,7 @@ def check_tensor(ref: TensorRef, frame_lengths: list[int]) -> str | None:
 MAX_NESTING = 32   # deepest array/map a header's free-form values may hold
 
 
-class MalformedMessage(ValueError):
+class MalformedMessage(DynbatchdError, ValueError):
     """A message that cannot be decoded: answered ``bad_request``, never raised further."""
 
 

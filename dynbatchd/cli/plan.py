@@ -24,9 +24,10 @@ from rich.table import Table
 from dynbatchd import config as cfgmod
 from dynbatchd.memory import GIB, MemoryPlan, model_dims, plan_memory, read_model_config
 from dynbatchd.memory import fmt_bytes as _size
+from dynbatchd.errors import DynbatchdError
 
 
-class PlanError(Exception):
+class PlanError(DynbatchdError):
     """Something the operator must fix; printed as one line."""
 
 

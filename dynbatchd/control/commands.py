@@ -16,10 +16,11 @@ from typing import Any, Awaitable, Callable
 
 from dynbatchd import config as cfgmod
 from dynbatchd.config import ConfigError
+from dynbatchd.errors import DynbatchdError
 from dynbatchd.overrides import TUNABLE
 
 
-class CommandError(Exception):
+class CommandError(DynbatchdError):
     pass
 
 

@@ -16,10 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from dynbatchd.errors import DynbatchdError
+
 log = logging.getLogger("dynbatchd.worker")
 
 
-class OutOfMemory(Exception):
+class OutOfMemory(DynbatchdError):
     """The batch did not fit in device memory (runners raise it; the batch is then split)."""
 
 

@@ -40,17 +40,10 @@ from typing import Any, Callable
 import numpy as np
 
 from dynbatchd.devices.execution import OutOfMemory  # raised by runners, handled by execute
+from dynbatchd.errors import OptionError  # an option a runner cannot use: .key (.option), .rule
 
 MAX_MS = 86_400_000.0          # as dynbatchd.config.MAX_MS: one day
 MAX_COUNT = 2**31 - 1
-
-
-class OptionError(ValueError):
-    """An option a runner cannot use: `option` names it (relative to ``options``), `rule` says why."""
-
-    def __init__(self, option: str, rule: str):
-        self.option, self.rule = option, rule
-        super().__init__(f"{option}: {rule}")
 
 
 def milliseconds(value: Any) -> str | None:

@@ -11,11 +11,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from dynbatchd.errors import DynbatchdError
+
 MIN_BATCHES = 20      # as CostModel.settled: a younger cost fit can be far off
 MIN_REQUESTS = 200    # answered requests before the on-time share means anything
 
 
-class NotEnoughData(ValueError):
+class NotEnoughData(DynbatchdError, ValueError):
     """Too little observed to recommend from; the message says how much is needed and how much there is."""
 
 
