@@ -26,7 +26,6 @@ from dynbatchd.config import Config, ConfigError, state_path
 from dynbatchd.devices.batches import Pending
 from dynbatchd.devices.observer import gpu_readings
 from dynbatchd.engine import Job
-from dynbatchd.membership import Membership
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
 from dynbatchd.scheduler import build_channels
@@ -51,7 +50,7 @@ def _settings_text(values: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
-class Operations(Membership):
+class Operations:
     # -- the top-users sketch ---------------------------------------------------
     def top_users_path(self):
         return state_path(self.config.daemon, TOP_USERS_FILE)
@@ -306,39 +305,30 @@ class Operations(Membership):
 
     def apply_config(self, new: Config) -> list[str]:
         """Adopt a validated config: channel settings, policies and routing change in place,
-        keeping what each channel learned unless its policy or the policy's options change. A
-        channel added is routable at once; one removed takes nothing new and goes once what it
-        holds is answered. A model added is served once a worker has loaded it (`loading_models`);
-        one removed is refused at once and unloaded once nothing of it is queued or running.
+        keeping what each channel learned unless its policy or the policy's options change.
 
-        Returns the sections that cannot change without a restart (daemon, devices, cache; models
-        on a Ray pool); they keep running as they are and the rest is applied.
+        Returns the sections that cannot change without a restart (daemon,
+        devices, models, cache); they keep running as they are and the rest is
+        applied. Adding or removing a channel is refused outright.
         """
         validate_config(new, self.plugins)
         old = self.config
         needs_restart = self._needs_restart(new)
         rebuilt = build_channels(new.channels, self.plugins.window_policies(), self.plugins.batch_sizers())
         for name, settings in new.channels.items():   # a canary's twin keeps the candidate's settings
-            if name in old.channels and name not in self.engine.retiring:
-                self.engine.channels[name].retune(settings, rebuilt[name])
-            else:
-                self.engine.add_channel(rebuilt[name])
-        for name in set(old.channels) - set(new.channels):
-            if name in self.engine.splits:
-                self.stop_canary(name)
-            self.engine.retire_channel(name)
-        self.config = msgspec.structs.replace(new, **{key: getattr(old, key) for key in needs_restart})
-        if "models" not in needs_restart and old.models != new.models:
-            self._change_models(old, self.config)
+            self.engine.channels[name].retune(settings, rebuilt[name])
+        self.config = new if not needs_restart else msgspec.structs.replace(
+            new, daemon=old.daemon, devices=old.devices, models=old.models, cache=old.cache)
         self._schedule_pump()
         return needs_restart
 
     def _needs_restart(self, new: Config) -> list[str]:
-        """The sections `new` changes that only a restart applies (models, on a pool that cannot load live)."""
         old = self.config
-        keys = [key for key in ("daemon", "devices", "cache")
+        if set(old.channels) != set(new.channels):
+            raise ConfigError(new.source, "channels", "adding or removing channels needs a restart; "
+                              "nothing was applied")
+        return [key for key in ("daemon", "devices", "models", "cache")
                 if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
-        return keys + (["models"] if self._models_need_restart(old, new) else [])
 
     # -- tuning that persists: the drop-in, tune, rollback, reload ------------------------
     def init_tuning(self, config: Config) -> Config:
