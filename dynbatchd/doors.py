@@ -7,15 +7,13 @@ future instead of going out on a socket.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dynbatchd import protocol as P
+from dynbatchd.daemonhost import DaemonHost
 from dynbatchd.engine import Answer
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.transport import validate as validate_request
-
-if TYPE_CHECKING:
-    from dynbatchd.service import Daemon
 
 
 TEXT_FIELDS = ("model", "text", "user", "tenant", "request_type", "user_frequency")
@@ -65,7 +63,7 @@ class LocalAnswer(asyncio.Future):
 class LocalDoor:
     """What a front-door plugin may use of the daemon (see ``dynbatchd_front_doors``)."""
 
-    def __init__(self, daemon: "Daemon"):
+    def __init__(self, daemon: DaemonHost):
         self._daemon = daemon
         self._seq = 0
 

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 
 from dynbatchd.config import KeyFileError, UnsafeDirectory
 from dynbatchd.control.server import ControlServer
+from dynbatchd.daemonhost import DaemonHost
 from dynbatchd.doors import LocalDoor
 from dynbatchd.metrics import serve as serve_metrics
 from dynbatchd.transport import CurveServer, FrontEnd
 from dynbatchd.errors import DynbatchdError
-
-if TYPE_CHECKING:
-    from dynbatchd.service import Daemon
 
 
 class StartupError(DynbatchdError):
     """The daemon cannot start (an address in use...): one line for the operator, exit status 1."""
 
 
-async def bind(daemon: "Daemon", ctx: zmq.Context) -> Any:
+async def bind(daemon: DaemonHost, ctx: zmq.Context) -> Any:
     """Bind the control, request and metrics addresses and start the front-door plugins (so their
     probes answer while the models load); StartupError names the one that failed.
 
