@@ -167,7 +167,7 @@ class Engine:
         self.on_verdict = on_verdict       # a canary's split ended (its verdict is on the Split)
         self.splits: dict[str, Split] = {}        # incumbent channel -> its running canary
         self._arms: dict[str, tuple[Split, bool]] = {}   # channel -> (its split, whether it is the candidate)
-        self.retiring: set[str] = set()           # twins whose canary ended: removed once empty
+        self.retiring: set[str] = set()           # twins whose canary ended, channels a reload removed: go once empty
         self.channels = channels
         self.devices = [Device(name, DeviceStats(name, since_ns=now_ns), up=[False] * feeders) for name in devices]
         self.inflight = inflight   # a device holds at most (its feeders that are up) + inflight - 1 batches
@@ -194,6 +194,8 @@ class Engine:
         channel = self.channels[job.channel]
         if self.stopped:
             return Answer(job.payload, P.SHUTTING_DOWN, "daemon is shutting down")
+        if self.retiring and job.channel in self.retiring:
+            return Answer(job.payload, P.REFUSED, f"channel {job.channel!r} was removed by a reload")
         if self.devices[0].gone and all(d.gone for d in self.devices):
             return Answer(job.payload, P.UNAVAILABLE, "no device is left to run this model; see the daemon's log")
         if channel.settings.isolated and job.tenant is None and not job.warmup:
@@ -428,6 +430,38 @@ class Engine:
         if self.on_verdict is not None:
             self.on_verdict(split)
         return split
+
+    # -- channels and models a reload adds or removes ------------------------------
+    def add_channel(self, channel: Channel) -> None:
+        """A channel a reload added: routable at once. One still draining after an earlier removal
+        is taken back with the new settings and keeps its queue."""
+        if channel.name in self.channels:
+            self.retiring.discard(channel.name)
+            self.channels[channel.name].retune(channel.settings, channel)
+            return
+        self.scheduler.add_channel(channel)
+
+    def retire_channel(self, name: str) -> None:
+        """A channel a reload removed: it takes no new request (submit refuses one), what it holds
+        is answered as usual, and step() then drops it (as it drops an ended canary's twin)."""
+        if name in self.channels:
+            self.retiring.add(name)
+
+    def holds_model(self, model: str) -> bool:
+        """Whether a request for `model` is still queued, running or in the warmup backlog: a model
+        a reload removed is unloaded from the devices only once none is."""
+        if any(job.model == model for job in self.warmup_backlog):
+            return True
+        if any(lane.model == model and lane.heap for channel in self.channels.values()
+               for lane in channel.lanes.values()):
+            return True
+        return any(batch.model == model for d in self.devices for batch, _ in d.held.values())
+
+    def set_device_limits(self, limits: Sequence[tuple[int, ...]]) -> None:
+        """Each device's batch limit again, after a reload changed the models it holds (sized per device)."""
+        self.device_limits = [(lim[0], lim[1]) for lim in limits]
+        self.limit_sources = [lim[2] if len(lim) > 2 else "runner" if any(lim) else "" for lim in limits]
+        self.mixed_pool = len(set(self.device_limits)) > 1
 
     def _judged(self, channel: str, on_time: bool, latency_ns: int, now_ns: int) -> None:
         arm = self._arms.get(channel) if self._arms else None

@@ -26,6 +26,7 @@ from dynbatchd.config import Config, ConfigError, state_path
 from dynbatchd.devices.batches import Pending
 from dynbatchd.devices.observer import gpu_readings
 from dynbatchd.engine import Job
+from dynbatchd.membership import Membership
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
 from dynbatchd.scheduler import build_channels
@@ -50,7 +51,7 @@ def _settings_text(values: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
-class Operations:
+class Operations(Membership):
     # -- the top-users sketch ---------------------------------------------------
     def top_users_path(self):
         return state_path(self.config.daemon, TOP_USERS_FILE)
@@ -305,30 +306,39 @@ class Operations:
 
     def apply_config(self, new: Config) -> list[str]:
         """Adopt a validated config: channel settings, policies and routing change in place,
-        keeping what each channel learned unless its policy or the policy's options change.
+        keeping what each channel learned unless its policy or the policy's options change. A
+        channel added is routable at once; one removed takes nothing new and goes once what it
+        holds is answered. A model added is served once a worker has loaded it (`loading_models`);
+        one removed is refused at once and unloaded once nothing of it is queued or running.
 
-        Returns the sections that cannot change without a restart (daemon,
-        devices, models, cache); they keep running as they are and the rest is
-        applied. Adding or removing a channel is refused outright.
+        Returns the sections that cannot change without a restart (daemon, devices, cache; models
+        on a Ray pool); they keep running as they are and the rest is applied.
         """
         validate_config(new, self.plugins)
         old = self.config
         needs_restart = self._needs_restart(new)
         rebuilt = build_channels(new.channels, self.plugins.window_policies(), self.plugins.batch_sizers())
         for name, settings in new.channels.items():   # a canary's twin keeps the candidate's settings
-            self.engine.channels[name].retune(settings, rebuilt[name])
-        self.config = new if not needs_restart else msgspec.structs.replace(
-            new, daemon=old.daemon, devices=old.devices, models=old.models, cache=old.cache)
+            if name in old.channels and name not in self.engine.retiring:
+                self.engine.channels[name].retune(settings, rebuilt[name])
+            else:
+                self.engine.add_channel(rebuilt[name])
+        for name in set(old.channels) - set(new.channels):
+            if name in self.engine.splits:
+                self.stop_canary(name)
+            self.engine.retire_channel(name)
+        self.config = msgspec.structs.replace(new, **{key: getattr(old, key) for key in needs_restart})
+        if "models" not in needs_restart and old.models != new.models:
+            self._change_models(old, self.config)
         self._schedule_pump()
         return needs_restart
 
     def _needs_restart(self, new: Config) -> list[str]:
+        """The sections `new` changes that only a restart applies (models, on a pool that cannot load live)."""
         old = self.config
-        if set(old.channels) != set(new.channels):
-            raise ConfigError(new.source, "channels", "adding or removing channels needs a restart; "
-                              "nothing was applied")
-        return [key for key in ("daemon", "devices", "models", "cache")
+        keys = [key for key in ("daemon", "devices", "cache")
                 if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
+        return keys + (["models"] if self._models_need_restart(old, new) else [])
 
     # -- tuning that persists: the drop-in, tune, rollback, reload ------------------------
     def init_tuning(self, config: Config) -> Config:
@@ -485,10 +495,16 @@ class Operations:
         needs_restart = self._needs_restart(effective)
         changes = {}
         for name, now in self.config.channels.items():
+            if name not in effective.channels:
+                continue   # removed: listed under "removed", nothing to assess
             old, new = cfgmod.to_dict(now), cfgmod.to_dict(effective.channels[name])
             changes[name] = {k: new[k] for k in new if new[k] != old[k]}
         verdicts = await self._assess(changes)
+        added, removed = self._membership(self.config, effective)
+        if "models" in needs_restart:
+            added["models"], removed["models"] = [], []
         plan = {"needs_restart": needs_restart, "dropped_overrides": dropped, "applied": False,
+                "added": added, "removed": removed,
                 "changes": {ch: {k: [cfgmod.to_dict(self.config.channels[ch])[k], v] for k, v in c.items()}
                             for ch, c in changes.items() if c},
                 "risk": {ch: v.as_dict() for ch, v in verdicts.items()}}
@@ -497,7 +513,9 @@ class Operations:
     @staticmethod
     def _reload_text(plan: dict[str, Any], refused: dict[str, str]) -> str:
         changed = [f"channels.{ch}.{k} {a} -> {b}" for ch, c in plan["changes"].items() for k, (a, b) in c.items()]
-        text = ", ".join(changed) or "no channel setting changed"
+        moved = [f"{word} {kind[:-1]} {name}" for word, key in (("added", "added"), ("removed", "removed"))
+                 for kind, names in plan.get(key, {}).items() for name in names]
+        text = ", ".join(moved + changed) or "no channel setting changed"
         if plan["needs_restart"]:
             text += f"; needs a restart to change: {', '.join(plan['needs_restart'])}"
         if refused:

@@ -37,6 +37,7 @@ from dynbatchd.doors import LocalEnvelope
 from dynbatchd.engine import OK, Answer, Engine, Job
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.memory import device_limits
+from dynbatchd.membership import model_specs
 from dynbatchd.listeners import StartupError, bind
 from dynbatchd.logs import request_fields, safe_id
 from dynbatchd.operations import Operations
@@ -74,6 +75,7 @@ class Daemon(Operations):
         self._top_users_saved = self.top_users.observed if self.top_users else 0
         self.quotas = Quotas(config.quotas, clock)   # per tenant, before a request takes queue room
         self.devices = device_names(config.devices)
+        self.model_specs = model_specs(config)   # what the workers hold (a reload adds and removes)
         channels = build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
                              feeders=config.devices.workers_per_device,
@@ -108,7 +110,7 @@ class Daemon(Operations):
             loop.add_signal_handler(sig, handler)
         self.control.io.start(loop)
         watchdog = systemd.start_watchdog(loop)   # pings from this loop: a stuck loop gets restarted
-        models = [P.ModelSpec(n, m.runner, dict(m.options)) for n, m in self.config.models.items()]
+        models = list(self.model_specs.values())
         make_pool = pool_class(self.config.devices)   # local worker processes, or Ray actors
         self.pool = make_pool(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
                               ipc_dir=ipc_dir, restart_limit=self.config.devices.restart_limit,
@@ -181,8 +183,9 @@ class Daemon(Operations):
         if self.state not in ("serving", "unavailable"):
             self._reject(envelope, request, P.SHUTTING_DOWN, "daemon is shutting down")
             return
-        if request.model not in config.models:
-            self._reject(envelope, request, P.UNKNOWN_MODEL, f"no model named {request.model!r}")
+        if request.model not in config.models or request.model in self.loading_models:
+            self._reject(envelope, request, P.UNKNOWN_MODEL, f"no model named {request.model!r}" if
+                         request.model not in config.models else f"model {request.model!r} is still loading")
             return
         tokens = P.estimate_tokens(request)
         info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
@@ -316,6 +319,8 @@ class Daemon(Operations):
             if not self.pool.send(worker, frames):
                 self.engine.undelivered(dispatch.device, dispatch.batch.id)
                 self._schedule_pump()
+        if self.unloading_models:   # a reload removed them: unloaded once nothing of them is left
+            self._unload_drained_models()
         if self.state == "draining" and not self.engine.busy():
             self._settled.set()
         wake = self.engine.next_wakeup()
@@ -356,6 +361,8 @@ class Daemon(Operations):
     def _on_ready(self, worker: int) -> None:
         device, feeder = divmod(worker, self.engine.feeders)
         self.engine.device_up(device, feeder)
+        if self.loading_models:   # a worker said Ready after a reload's new model set
+            self._models_loaded()
         if self._give_up_timer is not None:
             self._give_up_timer.cancel()
             self._give_up_timer = None

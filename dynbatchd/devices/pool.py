@@ -32,69 +32,17 @@ import asyncio
 import logging
 import os
 import sys
-from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 import zmq
 
 from dynbatchd import protocol as P
+from dynbatchd.devices.restarts import PROBE_MAX_S, RESTART_WINDOW_S, Restart, RestartBudget  # noqa: F401 (named here too)
 from dynbatchd.devices.runners import DEVICE_LOCKS_ENV
 from dynbatchd.transport import LoopSocket
 
 log = logging.getLogger(__name__)
-
-RESTART_WINDOW_S = 600.0     # deaths older than this no longer count against the budget
-MAX_BACKOFF_S = 30.0
-PROBE_MAX_S = 600.0          # the longest cool-down between probes of a given-up device
-
-
-class Restart(NamedTuple):
-    delay_s: float       # wait this long, then start the worker again
-    given_up: bool       # the device is out of service meanwhile (the worker started then is a probe)
-
-
-class RestartBudget:
-    """When to start a dead worker again, and whether its device is given up meanwhile: a
-    circuit breaker, pure logic on the caller's clock (seconds).
-
-    Closed: a death restarts the worker after a back-off (0.25 s, doubling, at most 30 s) that
-    follows the deaths of the last `window_s`. More than `limit` of them open it: the device is
-    given up and, after a cool-down (`probe_s`), probed: its worker is started again, and serves
-    once it is up. The device stays on probation until that worker has lived `window_s`: a death
-    meanwhile gives it up again and doubles the cool-down (at most PROBE_MAX_S, or `probe_s`
-    when longer); after it the breaker is closed and the next give-up waits `probe_s` again. So
-    a device that recovers comes back on its own, and one that does not is tried ever more
-    rarely. An explained death (a proven poison input) refunds the death that proved it and
-    costs nothing.
-    """
-
-    def __init__(self, limit: int, window_s: float = RESTART_WINDOW_S, probe_s: float = 30.0):
-        self.limit = limit
-        self.window_s = window_s
-        self.probe_s = probe_s
-        self.cooldown_s = 0.0       # the last cool-down while on probation; 0: closed
-        self.probed_s = 0.0         # when the last probe started
-        self.deaths: deque[float] = deque()
-
-    def died(self, now_s: float, explained: bool = False) -> Restart:
-        deaths = self.deaths
-        while deaths and now_s - deaths[0] > self.window_s:
-            deaths.popleft()
-        if explained:
-            if deaths:
-                deaths.pop()
-            return Restart(0.0, False)
-        if self.cooldown_s and now_s - self.probed_s >= self.window_s:
-            self.cooldown_s = 0.0   # the probe served a whole window: closed again
-        deaths.append(now_s)
-        if not self.cooldown_s and len(deaths) <= self.limit:
-            return Restart(min(MAX_BACKOFF_S, 0.25 * 2 ** (len(deaths) - 1)), False)
-        cap = max(self.probe_s, PROBE_MAX_S)
-        self.cooldown_s = min(cap, self.cooldown_s * 2) if self.cooldown_s else self.probe_s
-        self.probed_s = now_s + self.cooldown_s
-        return Restart(self.cooldown_s, True)
-
 
 @dataclass
 class Worker:
@@ -112,6 +60,7 @@ class Worker:
     batches: int = 0                                    # results it sent back (lifetime, for status)
     sent: int = 0                                       # batches sent to its current process...
     answered: int = 0                                   # ...and answered by it: in flight is the difference
+    models: tuple[str, ...] = ()                        # what its process said it has loaded (Ready)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "feeder": self.feeder, "pid": self.proc.pid if self.proc else 0,
@@ -259,6 +208,23 @@ class DevicePool:
         worker.sent += 1
         return True
 
+    # -- models a reload adds or removes --------------------------------------
+    def set_models(self, models: list[P.ModelSpec]) -> None:
+        """Have every worker hold `models`: each running process loads the new ones and drops the
+        rest, then says Ready again (`on_ready`); a process started later gets them in its Setup.
+        Chosen over rolling replacement of the processes because a running worker's batches, its
+        restart budget and its place in the engine's device table stay untouched: a reload costs
+        no process and no in-flight batch."""
+        self.models = list(models)
+        for worker in self.workers:
+            if worker.state == "ready":
+                self.io.send([worker.name.encode(), P.encoder.encode(
+                    P.Setup(worker.device, self.models, self.cpu_threads))])
+
+    def loaded(self, model: str) -> bool:
+        """Whether some worker that serves has `model` loaded."""
+        return any(w.state == "ready" and model in w.models for w in self.workers)
+
     # -- worker messages ----------------------------------------------------
     def _on_messages(self, batch: list[list[bytes]]) -> None:
         for frames in batch:
@@ -279,9 +245,11 @@ class DevicePool:
                 setup = P.Setup(worker.device, self.models, self.cpu_threads)
                 self.io.send([frames[0], P.encoder.encode(setup)])
             elif isinstance(msg, P.Ready):
+                reloaded = worker.state == "ready"
                 worker.state, worker.failure = "ready", ""
-                worker.simulated = bool(msg.simulated)
-                log.info("worker %s ready on %s (pid %d): %s", worker.name, msg.device, msg.pid, ", ".join(msg.models))
+                worker.simulated, worker.models = bool(msg.simulated), tuple(msg.models)
+                log.info("worker %s %s on %s (pid %d): %s", worker.name, "reloaded" if reloaded else "ready",
+                         msg.device, msg.pid, ", ".join(msg.models))
                 self._check_all_ready()
                 self.on_ready(worker.index)
             elif isinstance(msg, P.Failed):

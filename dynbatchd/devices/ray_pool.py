@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dynbatchd import protocol as P
-from dynbatchd.devices.pool import RestartBudget
+from dynbatchd.devices.restarts import RestartBudget
 
 log = logging.getLogger(__name__)
 

@@ -89,7 +89,9 @@ def decode_inputs(msg: P.BatchMsg, frames: list[bytes]) -> tuple[list[Any], list
     return inputs, tokens
 
 
-def load_runners(setup: P.Setup) -> dict[str, Runner]:
+def load_runners(setup: P.Setup, loaded: dict[str, Runner] | None = None) -> dict[str, Runner]:
+    """The runners of `setup`'s models, loaded and warmed; those already in `loaded` are kept as
+    they are (a reload's new model set: only the added ones load)."""
     from dynbatchd.plugins import Plugins
 
     if setup.threads:  # read by torch (and BLAS) at import: no need to import torch for other runners
@@ -97,6 +99,9 @@ def load_runners(setup: P.Setup) -> dict[str, Runner]:
     registry = Plugins.load().runners()
     runners = {}
     for spec in setup.models:
+        if loaded and spec.name in loaded:
+            runners[spec.name] = loaded[spec.name]
+            continue
         runner = registry[spec.runner](setup.device, spec.options)
         runner.load()
         runners[spec.name] = runner
@@ -151,10 +156,34 @@ def serve(endpoint: str, name: str) -> int:
             continue
         frames = sock.recv_multipart()
         msg = P.daemon_decoder.decode(frames[0])
+        if isinstance(msg, P.Setup):   # a reload changed the model set: load the new, drop the removed
+            runners = _adopt_models(sock, name, msg, runners)
+            continue
         if not isinstance(msg, P.BatchMsg):
+            continue
+        if msg.model not in runners:   # (the daemon unloads a model only once nothing of it is left)
+            missing = Execution(len(msg.items))
+            missing.errors = {i: f"model {msg.model!r} is not loaded on this worker" for i in range(len(msg.items))}
+            send(Finished(msg.batch_id, missing, 0, 0, 0, False))
             continue
         inputs, tokens = decode_inputs(msg, frames[1:])
         pipeline.submit(msg.batch_id, runners[msg.model], msg.model, inputs, tokens)
+
+
+def _adopt_models(sock: zmq.Socket, name: str, setup: P.Setup, runners: dict[str, Runner]) -> dict[str, Runner]:
+    """Load the models a reload added (while this worker's batch in flight finishes in the pipeline),
+    drop those it removed, and say Ready again with what is loaded. A model that fails to load is
+    logged and left out: the daemon keeps answering it unknown_model."""
+    try:
+        fresh = load_runners(setup, runners)
+    except Exception as exc:
+        log.error("worker %s could not load the reloaded models: %s: %s", name, type(exc).__name__, exc)
+        fresh = {spec.name: runners[spec.name] for spec in setup.models if spec.name in runners}
+    for model in set(runners) - set(fresh):
+        log.info("worker %s unloaded model %s", name, model)
+    simulated = [n for n, r in fresh.items() if r.simulated]
+    sock.send(P.encoder.encode(P.Ready(os.getpid(), setup.device, list(fresh), simulated)))
+    return fresh
 
 
 def main(argv: list[str] | None = None) -> int:
