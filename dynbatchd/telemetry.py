@@ -1,4 +1,5 @@
-"""Counters, latency histograms and the derived figures operators watch.
+"""Counters, latency histograms and the derived figures operators watch: fill rate, scheduling
+efficiency, health. Pure arithmetic: NVML (the one driver read) is in `dynbatchd.nvml`.
 
 Nothing here records payloads: only counts, sizes and times (data minimisation).
 """
@@ -244,100 +245,10 @@ def daemon_health(channels: dict[str, dict[str, Any]], deadlines_ms: dict[str, f
             "utilisation": round(util, 4), "memory_headroom": round(1.0 - memory_used, 4)}
 
 
-class NvmlProbe:
-    """What NVML says of a GPU: utilisation, memory used and total, power draw; silent where
-    there is no NVIDIA GPU (no pynvml, no driver, a device that is not "cuda:N").
-
-    "cuda:N" is the Nth GPU the workers see: with CUDA_VISIBLE_DEVICES set, its Nth entry (an
-    NVML index, or a GPU-/MIG- UUID), otherwise NVML index N. Each figure is read on its
-    own, so a GPU that does not report power (or utilisation, as under MIG) still reports the
-    rest; a figure NVML does not answer is None.
-    """
-
-    @dataclass(frozen=True, slots=True)
-    class Reading:
-        utilisation: float | None          # 0..1, over NVML's last sample period
-        memory_used_bytes: int | None
-        memory_total_bytes: int | None
-        power_watts: float | None
-
-        @property
-        def memory_fraction(self) -> float | None:
-            if self.memory_used_bytes is None or not self.memory_total_bytes:
-                return None
-            return self.memory_used_bytes / self.memory_total_bytes
-
-    def __init__(self, nvml: Any = None) -> None:
-        """`nvml`: the pynvml module, or a stand-in for tests; by default pynvml, initialised here."""
-        self._nvml: Any = nvml
-        self._handles: dict[str, Any] = {}
-        if nvml is None:
-            try:
-                import pynvml
-
-                pynvml.nvmlInit()
-                self._nvml = pynvml
-            except Exception:
-                self._nvml = None
-
-    @property
-    def available(self) -> bool:
-        return self._nvml is not None
-
-    def _handle(self, device: str) -> Any:
-        handle = self._handles.get(device)
-        if handle is None:
-            import os
-
-            index = int(device.split(":", 1)[1])
-            visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
-            target = visible[index] if "CUDA_VISIBLE_DEVICES" in os.environ else str(index)
-            if target.isdigit():
-                handle = self._nvml.nvmlDeviceGetHandleByIndex(int(target))
-            else:
-                handle = self._nvml.nvmlDeviceGetHandleByUUID(target)
-            self._handles[device] = handle
-        return handle
-
-    def sample(self, device: str) -> "NvmlProbe.Reading | None":
-        """Every figure NVML answers for "cuda:N"; None without NVML, for another device, or
-        when NVML answers none of them."""
-        if self._nvml is None or not device.startswith("cuda:"):
-            return None
-        try:
-            handle = self._handle(device)
-        except Exception:
-            return None
-        nvml = self._nvml
-
-        def ask(read: Any) -> Any:
-            try:
-                return read()
-            except Exception:
-                return None
-
-        util = ask(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0)
-        mem = ask(lambda: nvml.nvmlDeviceGetMemoryInfo(handle))
-        power_mw = ask(lambda: nvml.nvmlDeviceGetPowerUsage(handle))
-        reading = self.Reading(util, int(mem.used) if mem is not None else None,
-                               int(mem.total) if mem is not None else None,
-                               power_mw / 1000.0 if power_mw is not None else None)
-        answered = (util, mem, power_mw)
-        return reading if any(v is not None for v in answered) else None
-
-    def name(self, device: str) -> str | None:
-        """NVML's name for "cuda:N" (e.g. "NVIDIA H200"), or None."""
-        if self._nvml is None or not device.startswith("cuda:"):
-            return None
-        try:
-            name = self._nvml.nvmlDeviceGetName(self._handle(device))
-        except Exception:
-            return None
-        return name.decode() if isinstance(name, bytes) else str(name)
-
-    def read(self, device: str) -> tuple[float, float] | None:
-        """(utilisation 0..1, memory used 0..1) for "cuda:N", or None unless NVML answers both."""
-        reading = self.sample(device)
-        if reading is None or reading.utilisation is None or reading.memory_fraction is None:
-            return None
-        return reading.utilisation, reading.memory_fraction
+def __getattr__(name: str) -> Any:
+    """`telemetry.NvmlProbe`, where callers have always found it, without this module importing
+    the NVML one at import time (telemetry is a leaf the scheduler may import)."""
+    if name == "NvmlProbe":
+        from dynbatchd.nvml import NvmlProbe
+        return NvmlProbe
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
