@@ -14,6 +14,7 @@ from pathlib import Path
 
 from dynbatchd import config as cfgmod
 from dynbatchd.config import Config, ConfigError
+from dynbatchd.errors import OptionError
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import build_channels
 
@@ -29,15 +30,10 @@ def validate_config(config: Config, plugins: Plugins) -> None:
         check_runner_options(config.source, name, runners[model.runner], model.options)
     try:
         build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
-    except KeyError as exc:
-        key, _, rule = str(exc.args[0]).partition(": ")
-        raise ConfigError(config.source, key, rule) from None
+    except OptionError as exc:   # the built-in policies and the scheduler name the key: exc.key, exc.rule
+        raise ConfigError(config.source, exc.key, exc.rule) from None
     except (TypeError, ValueError, OverflowError) as exc:
-        # Policies name the option in their message: "channels.X.window.options.alpha: must be ..."
-        key, sep, rule = str(exc).partition(": ")
-        if not (sep and key.startswith("channels.")):
-            key, rule = "channels", f"policy options rejected: {exc}"
-        raise ConfigError(config.source, key, rule) from None
+        raise ConfigError(config.source, *_third_party_policy_error(exc)) from None
     policies = plugins.cache_policies()
     if config.cache.policy not in policies:
         raise ConfigError(config.source, "cache.policy",
@@ -49,15 +45,26 @@ def validate_config(config: Config, plugins: Plugins) -> None:
         raise ConfigError(config.source, v.key, f"refused by compliance: {v.rule}{more}")
 
 
+def _third_party_policy_error(exc: Exception) -> tuple[str, str]:
+    """(key, rule) of an error a third-party policy raised as a plain ValueError or TypeError: its
+    text, split at the key when it starts with one (``channels.X.window.options.alpha: must be ...``,
+    the form `dynbatchd.errors.OptionError` writes); else the whole text under ``channels``."""
+    key, sep, rule = str(exc).partition(": ")
+    if sep and key.startswith("channels."):
+        return key, rule
+    return "channels", f"policy options rejected: {exc}"
+
+
 def check_runner_options(source: str, model: str, runner: type, options: dict) -> None:
     """The options a runner class declares (`dynbatchd.devices.runners.check_options`), as a ConfigError."""
     from dynbatchd.devices.runners import check_options   # numpy only: no model library
 
     try:
         check_options(runner, dict(options))
-    except ValueError as exc:   # OptionError names the option; another ValueError only the table
-        option, rule = getattr(exc, "option", None), getattr(exc, "rule", str(exc))
-        raise ConfigError(source, f"models.{model}.options" + (f".{option}" if option else ""), rule) from None
+    except OptionError as exc:
+        raise ConfigError.of_option(source, f"models.{model}.options", exc) from None
+    except ValueError as exc:   # a third-party runner's check: it names only the table
+        raise ConfigError(source, f"models.{model}.options", str(exc)) from None
 
 
 def check_curve(config: Config) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from dynbatchd.scheduler.channel import NEVER, Batch, Channel, Item, Lane
+from dynbatchd.errors import OptionError
 from dynbatchd.scheduler.policies import FixedWindow, StaticSizer
 
 PolicyFactory = Callable[[str, Any, dict[str, Any]], Any]
@@ -36,9 +37,9 @@ def build_channels(channels: dict[str, Any],
         wname, wopts = (wsel.policy, dict(wsel.options)) if wsel else ("fixed", {})
         sname, sopts = (ssel.policy, dict(ssel.options)) if ssel else ("static", {})
         if wname not in window_policies:
-            raise KeyError(f"channels.{name}.window.policy: unknown window policy {wname!r}")
+            raise OptionError(f"channels.{name}.window.policy", f"unknown window policy {wname!r}")
         if sname not in sizers:
-            raise KeyError(f"channels.{name}.batch_size.policy: unknown batch-size policy {sname!r}")
+            raise OptionError(f"channels.{name}.batch_size.policy", f"unknown batch-size policy {sname!r}")
         built[name] = Channel(name, settings, window_policies[wname](name, settings, wopts),
                               sizers[sname](name, settings, sopts))
     return built

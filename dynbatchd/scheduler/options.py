@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dynbatchd.errors import OptionError
+
 
 class Options:
     """Checked access to one policy's options table; leftovers are errors."""
@@ -13,22 +15,22 @@ class Options:
         self.options = options
         unknown = sorted(set(options) - known)
         if unknown:
-            raise ValueError(f"{where}: unknown option {unknown[0]!r} (known: {', '.join(sorted(known))})")
+            raise OptionError(where, f"unknown option {unknown[0]!r} (known: {', '.join(sorted(known))})")
 
     def num(self, key: str, default: float, *, lo: float | None = None, hi: float | None = None,
             lo_open: bool = False) -> float:
         value = self.options.get(key, default)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{self.where}.{key}: expected a number, got {value!r}")
+            raise OptionError(f"{self.where}.{key}", f"expected a number, got {value!r}")
         value = float(value)
         if lo is not None and (value < lo or (lo_open and value == lo)):
-            raise ValueError(f"{self.where}.{key}: must be {'>' if lo_open else '>='} {lo:g}, got {value:g}")
+            raise OptionError(f"{self.where}.{key}", f"must be {'>' if lo_open else '>='} {lo:g}, got {value:g}")
         if hi is not None and value > hi:
-            raise ValueError(f"{self.where}.{key}: must be <= {hi:g}, got {value:g}")
+            raise OptionError(f"{self.where}.{key}", f"must be <= {hi:g}, got {value:g}")
         return value
 
     def count(self, key: str, default: int, *, lo: int = 1) -> int:
         value = self.options.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < lo:
-            raise ValueError(f"{self.where}.{key}: expected an integer >= {lo}, got {value!r}")
+            raise OptionError(f"{self.where}.{key}", f"expected an integer >= {lo}, got {value!r}")
         return value
