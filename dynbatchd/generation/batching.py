@@ -227,6 +227,7 @@ class GenerationScheduler:
             if len(self.running) >= self.max_batch or not self.ledger.fits(seq.worst_case_tokens):
                 victims = self._victims_for(seq)
                 if victims is None:
+                    self.ledger.refused += 1      # it waits: counted once per step it is turned away
                     break
                 for victim in victims:
                     self._preempt(victim)

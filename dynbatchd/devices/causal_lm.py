@@ -1,0 +1,234 @@
+"""The `causal-lm` runner: a Hugging Face decoder, stepped one token boundary at a time.
+
+Continuous batching needs a runner that works per iteration, not per request: `add` a sequence,
+`prefill` the new ones (each builds its own KV cache), `decode_step` the running set (one token
+each, batched), `remove` or `preempt` one at a token boundary (its KV is dropped at once). Each
+sequence keeps its KV as its own per-layer tensors; a decode step left-pads them to the longest,
+masks the padding and gives every sequence its own position, so a batched step computes the same
+greedy tokens as the sequence alone (tests check it). The copy in and out of the batch costs
+O(KV) per step: a paged cache would avoid it and is not built.
+
+Options: ``path`` (a local model directory; nothing is downloaded), ``dtype`` ("auto": the
+model's), ``max_new_tokens``, ``temperature`` (0: greedy), ``top_k``, ``seed``, ``stop`` (strings
+that end a generation, not included in its text). `run` generates a whole batch of prompts, so the
+runner also works in the one-shot worker until the daemon streams.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynbatchd.devices.runners import Runner, count, encoder_dir, one_of
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def non_negative(value: Any) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        return f"expected a number >= 0, got {value!r}"
+    return None
+
+
+def stop_strings(value: Any) -> str | None:
+    if isinstance(value, list) and all(isinstance(s, str) and s for s in value):
+        return None
+    return f"expected a list of non-empty strings, got {value!r}"
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """One sequence's token of one step: the new text (after stop handling) and why it ended, if it did."""
+    seq_id: str
+    token_id: int
+    text: str
+    finished: str | None = None          # "length", "stop" (EOS or a stop string), or None
+
+
+@dataclass
+class GenSequence:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stop: tuple[str, ...]
+    temperature: float
+    top_k: int
+    generator: Any = None                # a seeded torch.Generator when sampling
+    generated: list[int] = field(default_factory=list)
+    kv: list[tuple[Any, Any]] | None = None   # per layer (keys, values), each [1, kv_heads, tokens, head_dim]
+    text: str = ""
+    finished: str | None = None
+
+    @property
+    def kv_tokens(self) -> int:
+        return 0 if self.kv is None else int(self.kv[0][0].shape[-2])
+
+
+class CausalLMRunner(Runner):
+    NAME = "causal-lm"
+    OPTIONS = {"path": encoder_dir, "dtype": one_of(*DTYPES), "max_new_tokens": count(1),
+               "temperature": non_negative, "top_k": count(0), "seed": count(0), "stop": stop_strings}
+    REQUIRED = {"path": 'the model directory (path = "/srv/models/my-model")'}
+
+    def __init__(self, device: str, options: dict[str, Any]):
+        super().__init__(device, options)
+        self.sequences: dict[str, GenSequence] = {}
+        self.model = self.tokenizer = None
+
+    def load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        dtype = self.options.get("dtype", "auto")
+        self.tokenizer = AutoTokenizer.from_pretrained(self.options["path"], local_files_only=True)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.options["path"], local_files_only=True, dtype=dtype if dtype == "auto" else getattr(torch, dtype))
+        self.model.to(self.device).eval()
+        self.eos = self.model.config.eos_token_id
+
+    # -- sequences in and out ----------------------------------------------------------------
+    def encode(self, prompt: str) -> list[int]:
+        return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def add(self, seq_id: str, prompt: str | list[int], *, max_new_tokens: int | None = None,
+            stop: list[str] | None = None, temperature: float | None = None, top_k: int | None = None,
+            seed: int | None = None) -> GenSequence:
+        """Register a sequence; it computes nothing until `prefill`."""
+        import torch
+
+        if seq_id in self.sequences:
+            raise ValueError(f"sequence {seq_id!r} already exists")
+        ids = self.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise ValueError("an empty prompt has nothing to continue")
+        o = self.options
+        temperature = o.get("temperature", 0.0) if temperature is None else temperature
+        generator = None
+        if temperature > 0:
+            generator = torch.Generator().manual_seed(o.get("seed", 0) if seed is None else seed)
+        seq = GenSequence(ids, max_new_tokens or o.get("max_new_tokens", 64), tuple(stop or o.get("stop", ())),
+                          temperature, o.get("top_k", 0) if top_k is None else top_k, generator)
+        self.sequences[seq_id] = seq
+        return seq
+
+    def remove(self, seq_id: str) -> GenSequence | None:
+        """Forget a sequence (finished or cancelled): its KV tensors are released at once."""
+        seq = self.sequences.pop(seq_id, None)
+        if seq is not None:
+            seq.kv = None
+        return seq
+
+    def preempt(self, seq_id: str) -> None:
+        """Drop a sequence's KV but keep its tokens: its next `prefill` recomputes prompt + output."""
+        self.sequences[seq_id].kv = None
+
+    def kv_tokens(self) -> int:
+        return sum(s.kv_tokens for s in self.sequences.values())
+
+    # -- one iteration -------------------------------------------------------------------------
+    def prefill(self, seq_ids: list[str] | tuple[str, ...]) -> list[TokenEvent]:
+        """Build each sequence's KV over its prompt (and, after preemption, its output so far) and
+        produce its next token. One forward per sequence: exact, and prompts need no padding."""
+        import torch
+        from transformers import DynamicCache
+
+        events = []
+        with torch.inference_mode():
+            for seq_id in seq_ids:
+                seq = self.sequences[seq_id]
+                ids = torch.tensor([seq.prompt_ids + seq.generated], device=self.device)
+                cache = DynamicCache()
+                out = self.model(input_ids=ids, cache=cache, use_cache=True)   # the cache fills in place
+                seq.kv = [(layer.keys, layer.values) for layer in cache.layers]
+                events.append(self._next(seq_id, seq, out.logits[0, -1]))
+        return events
+
+    def decode_step(self, seq_ids: list[str] | tuple[str, ...]) -> list[TokenEvent]:
+        """One token for each running sequence, in one batched forward over their left-padded KV."""
+        import torch
+        from transformers import DynamicCache
+
+        if not seq_ids:
+            return []
+        seqs = [self.sequences[i] for i in seq_ids]
+        lengths = [s.kv_tokens for s in seqs]
+        longest = max(lengths)
+        cache = DynamicCache()
+        for layer in range(len(seqs[0].kv)):
+            keys = torch.cat([_left_pad(s.kv[layer][0], longest) for s in seqs])
+            values = torch.cat([_left_pad(s.kv[layer][1], longest) for s in seqs])
+            cache.update(keys, values, layer)
+        mask = torch.zeros(len(seqs), longest + 1, dtype=torch.long, device=self.device)
+        for row, length in enumerate(lengths):
+            mask[row, longest - length:] = 1
+        with torch.inference_mode():
+            out = self.model(input_ids=torch.tensor([[s.generated[-1]] for s in seqs], device=self.device),
+                             attention_mask=mask, position_ids=torch.tensor([[n] for n in lengths], device=self.device),
+                             cache=cache, use_cache=True)
+        events = []
+        for row, (seq_id, seq) in enumerate(zip(seq_ids, seqs)):
+            pad = longest - lengths[row]
+            seq.kv = [(layer.keys[row:row + 1, :, pad:].clone(), layer.values[row:row + 1, :, pad:].clone())
+                      for layer in cache.layers]
+            events.append(self._next(seq_id, seq, out.logits[row, -1]))
+        return events
+
+    def _next(self, seq_id: str, seq: GenSequence, logits: Any) -> TokenEvent:
+        token = _pick(logits, seq)
+        if token == self.eos:
+            seq.finished = "stop"
+            return TokenEvent(seq_id, token, "", "stop")
+        seq.generated.append(token)
+        text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
+        hit = min((text.find(s) for s in seq.stop if s in text), default=-1)
+        if hit >= 0:
+            text, seq.finished = text[:hit], "stop"
+        elif len(seq.generated) >= seq.max_new_tokens:
+            seq.finished = "length"
+        delta, seq.text = text[len(seq.text):], text
+        if seq.finished:
+            seq.kv = None             # ended: its KV goes now, its tokens stay until `remove`
+        return TokenEvent(seq_id, token, delta, seq.finished)
+
+    # -- the one-shot interface ------------------------------------------------------------------
+    def generate(self, prompts: list[str]) -> list[str]:
+        """Every prompt to its end, all in one continuously batched loop."""
+        ids = [f"run-{i}" for i in range(len(prompts))]
+        for seq_id, prompt in zip(ids, prompts):
+            self.add(seq_id, prompt)
+        try:
+            self.prefill(ids)
+            running = [i for i in ids if not self.sequences[i].finished]
+            while running:
+                self.decode_step(running)
+                running = [i for i in running if not self.sequences[i].finished]
+            return [self.sequences[i].text for i in ids]
+        finally:
+            for seq_id in ids:
+                self.remove(seq_id)
+
+    def run(self, inputs, tokens):
+        return self.generate([str(x) for x in inputs])
+
+
+def _left_pad(tensor: Any, length: int) -> Any:
+    import torch
+
+    missing = length - tensor.shape[-2]
+    if not missing:
+        return tensor
+    shape = (*tensor.shape[:-2], missing, tensor.shape[-1])
+    return torch.cat([tensor.new_zeros(shape), tensor], dim=-2)
+
+
+def _pick(logits: Any, seq: GenSequence) -> int:
+    """Greedy at temperature 0, else top-k sampling from the sequence's own seeded generator."""
+    import torch
+
+    if seq.temperature <= 0:
+        return int(torch.argmax(logits))
+    scaled = logits.float().cpu() / seq.temperature
+    if seq.top_k:
+        kth = torch.topk(scaled, min(seq.top_k, scaled.numel())).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    return int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=seq.generator))
