@@ -15,12 +15,13 @@ from typing import Any, Callable
 import pluggy
 
 from dynbatchd import hookspecs
+from dynbatchd.errors import DynbatchdError
 from dynbatchd.hookspecs import RequestInfo, Violation, WarmupJob
 
 log = logging.getLogger(__name__)
 
 
-class PluginError(Exception):
+class PluginError(DynbatchdError):
     """A plugin is broken in a way the daemon cannot run around."""
 
 

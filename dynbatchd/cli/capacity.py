@@ -21,7 +21,8 @@ from rich.markup import escape
 
 from dynbatchd import capacity as cap
 from dynbatchd import config as cfgmod
-from dynbatchd.plugins import PluginError, Plugins
+from dynbatchd.errors import DynbatchdError
+from dynbatchd.plugins import Plugins
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.validation import validate_config
 
@@ -199,7 +200,7 @@ def capacity(ctx: typer.Context,
     try:
         data = build(config or getattr(ctx.obj, "config", None), requests_per_day, peak_factor, duration,
                      urgent_share, tokens, trace, profile, compare, target, priority_target, seed)
-    except (cfgmod.ConfigError, PluginError, OSError, KeyError, ValueError) as exc:
+    except (DynbatchdError, OSError, KeyError, ValueError) as exc:   # ours, the disk's, a trace's
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     if out is not None:

@@ -15,8 +15,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from dynbatchd import __version__, config as cfgmod, logs
-from dynbatchd.config import ConfigError
-from dynbatchd.plugins import PluginError, Plugins
+from dynbatchd.errors import DynbatchdError
+from dynbatchd.plugins import Plugins
 
 class LogLevel(str, Enum):
     debug = "debug"
@@ -56,7 +56,7 @@ def load_checked(path: Path) -> tuple[cfgmod.Config, Plugins]:
         plugins = Plugins.load()
         config = cfgmod.load(path)
         validate_config(config, plugins)
-    except (ConfigError, PluginError) as exc:
+    except DynbatchdError as exc:   # a config, plugin or option error, as one line
         raise fail(str(exc)) from None
     return config, plugins
 

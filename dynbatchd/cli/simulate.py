@@ -19,7 +19,8 @@ from rich.markup import escape
 
 from dynbatchd import config as cfgmod
 from dynbatchd.devices.runners import simulated_options
-from dynbatchd.plugins import PluginError, Plugins
+from dynbatchd.errors import DynbatchdError
+from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, mix_tokens, read_trace_csv, simulate as run_simulation
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.validation import validate_config
@@ -109,7 +110,7 @@ def simulate(ctx: typer.Context,
         validate_config(cfg, plugins)   # what the daemon would refuse is not simulated either
         arrivals = trace_arrivals(trace, compress, seed, urgent_share) if trace else \
             poisson_arrivals(rate, duration, seed, urgent_share, tokens)
-    except (cfgmod.ConfigError, PluginError, OSError, KeyError, ValueError) as exc:
+    except (DynbatchdError, OSError, KeyError, ValueError) as exc:   # ours, the disk's, a trace's
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     names, models = device_models(cfg, base_ms, per_item_ms, per_token_ms, devices)
