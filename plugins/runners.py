@@ -17,4 +17,5 @@ def dynbatchd_runners():
         "callable": runners.CallableRunner,
         "simulated": simulated_runner.SimulatedRunner,
         "noop": runners.NoopRunner,
+        "causal-lm": __import__("dynbatchd.devices.causal_lm", fromlist=["_"]).CausalLMRunner,   # no torch at import
     }
