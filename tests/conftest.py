@@ -1,12 +1,17 @@
 """Fixtures that run the real daemon in a subprocess over real (ipc://) sockets.
 
-The daemon is started by the one launcher the benchmarks use too (benchmarks/harness.py:
+The daemon is started by the one launcher the benchmarks use too (tests/launcher.py:
 `Daemon`, `wait_until`); `start_daemon` writes the tests' config around a body and waits
-until it serves.
+until it serves. Every test that starts a daemon (a fixture or a call of `start_daemon`,
+`Daemon`, `RunningDaemon` or `ipc_daemon`) is marked `e2e`, so `pytest -m "not e2e"` runs
+the fast half.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -15,11 +20,11 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-for _path in (str(REPO), str(TESTS)):   # `benchmarks` (the launcher) and tests/helpers.py (callable runners)
+for _path in (str(REPO), str(TESTS)):   # tests/launcher.py, tests/helpers.py (callable runners), the repo
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from benchmarks.harness import Daemon, WaitTimeout, free_port, wait_until  # noqa: E402
+from launcher import Daemon, WaitTimeout, free_port, wait_until  # noqa: E402
 
 RunningDaemon = Daemon   # .proc .endpoint .control .config .log .call() .status() .logs() .stop()
 
@@ -89,6 +94,42 @@ MINILM = """
     [routing]
     default = "standard"
 """
+
+
+# What starting a daemon subprocess looks like in a test, a fixture or a helper of its module.
+STARTS_DAEMON = re.compile(r"\bstart_daemon\(|\bDaemon\(|\bRunningDaemon\(|\bipc_daemon\(|"
+                           r"\b(sim|minilm)_daemon\b|\"dynbatchd\", \"start\"")
+
+
+def _starts_daemon(func, module, seen: set) -> bool:
+    """Whether `func` starts a daemon: its source says so, or a function of its module it names does."""
+    if func in seen:
+        return False
+    seen.add(func)
+    try:
+        if not Path(inspect.getsourcefile(func) or "").resolve().is_relative_to(TESTS):
+            return False   # pytest's own fixtures (tmp_path, monkeypatch) start nothing
+        source = textwrap.dedent(inspect.getsource(func))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    if STARTS_DAEMON.search(source):
+        return True
+    names = {n.id for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Name)}
+    return any(inspect.isfunction(getattr(module, name, None)) and getattr(module, name).__module__ == module.__name__
+               and _starts_daemon(getattr(module, name), module, seen) for name in names)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark `e2e` every test that starts a daemon subprocess (itself, by a helper, or by a fixture)."""
+    verdicts: dict = {}
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is None:
+            continue
+        funcs = [function] + [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs]
+        module = item.module
+        if any(verdicts.setdefault(f, _starts_daemon(f, inspect.getmodule(f) or module, set())) for f in funcs):
+            item.add_marker(pytest.mark.e2e)
 
 
 @pytest.fixture(scope="session")

@@ -38,7 +38,7 @@ def oom_above_four(inputs):
 def wait_until(predicate, timeout_s, interval_s=0.05, *, message="condition not met"):
     """Call `predicate` until it returns something truthy (and return that), sleeping `interval_s`
     between calls; fail (WaitTimeout, an AssertionError) with `message` after `timeout_s`."""
-    from benchmarks.harness import wait_until as wait
+    from launcher import wait_until as wait
 
     return wait(predicate, timeout_s, interval_s, message=message)
 
