@@ -26,143 +26,38 @@ the ``[http]`` limits bound a request's inputs, the requests and connections in 
 a head's size and lines, and the time a head, a body or a reply may take; a request's
 inputs are admitted all or none, submitted a chunk per loop turn. Payloads are never
 logged: a fault is logged in one line naming the route and the reason.
+
+The server and connection handling is here; the endpoint handlers are in `httpendpoints`, the
+shared table and helpers in `httpwire` (whose names this module re-exports).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import uuid
-from http import HTTPStatus
 from typing import Any
 from urllib.parse import unquote
 
 import h11
 import msgspec
-import numpy as np
 
 from dynbatchd import protocol as P
 from dynbatchd.hookspecs import hookimpl
 from dynbatchd.httpkeys import KeyStore, presented_key
-from dynbatchd.logs import MAX_ID, request_fields, safe_id
+from dynbatchd.logs import request_fields
+
+from .httpendpoints import HttpEndpoints
+from .httpwire import (FROM_V2, OPEN_HANDLERS, READ_SIZE, RETRY_LATER, ROUTES, STATUS, SUBMIT_CHUNK,  # noqa: F401
+                       UNAUTHORIZED, V2_TYPES, ClientGone, HttpError, bad_output, body_tags, output_array,
+                       reason, request_id, request_meta, text_headers)
 
 log = logging.getLogger(__name__)
 
-STATUS = {P.BAD_REQUEST: 400, P.REFUSED: 403, P.UNKNOWN_MODEL: 404, P.OVERLOADED: 429, P.QUOTA_EXCEEDED: 429,
-          P.CANCELLED: 499, P.MODEL_ERROR: 500, P.UNAVAILABLE: 503, P.SHUTTING_DOWN: 503, P.DEADLINE_EXCEEDED: 504}
-RETRY_LATER = (P.OVERLOADED, P.SHUTTING_DOWN, P.UNAVAILABLE, P.QUOTA_EXCEEDED)
-V2_TYPES = {"float32": "FP32", "float64": "FP64", "float16": "FP16", "int64": "INT64", "int32": "INT32",
-            "uint8": "UINT8", "bool": "BOOL"}
-FROM_V2 = {v: k for k, v in V2_TYPES.items()}
-UNAUTHORIZED = "unauthorized"   # no key, a wrong or a revoked one: 401, and nothing more is said
-OPEN_HANDLERS = ("live", "ready")   # probes answer without a key (load balancers have none)
-SUBMIT_CHUNK = 64     # inputs submitted per loop turn: a large request never holds the ZeroMQ door up
-READ_SIZE = 65536
-# (method, path segments with None for the model's name, handler): the whole routing table
-ROUTES = [("POST", ("v1", "embeddings"), "embeddings"),
-          ("POST", ("v2", "models", None, "infer"), "v2_infer"),
-          ("GET", ("v2", "models", None, "ready"), "v2_model_ready"),
-          ("GET", ("v2", "models", None), "v2_model"),
-          ("GET", ("v2", "health", "live"), "live"),
-          ("GET", ("v2", "health", "ready"), "ready"),
-          ("GET", ("healthz",), "live"),
-          ("GET", ("readyz",), "ready")]
 
+class HttpDoor(HttpEndpoints):
+    """The door: an h11 server on the daemon's loop, its connections, limits, keys and lifecycle."""
 
-class HttpError(Exception):
-    """An answer other than 200: the error code, a message that carries no payload, the status."""
-
-    def __init__(self, code: str, message: str, status: int | None = None):
-        super().__init__(message)
-        self.code, self.message = code, message
-        self.status = status or STATUS.get(code, 500)
-        self.retry_after = "1"   # Retry-After (seconds) of a code in RETRY_LATER
-        self.extra: list[tuple[str, str]] = []   # more headers (WWW-Authenticate)
-        self.level = logging.DEBUG   # of its log line; a model's fault (bad_output) is a warning
-
-
-class ClientGone(Exception):
-    """The client closed its connection before its request was complete: nothing to answer."""
-    request_id = "-"
-
-
-def request_id(headers: dict[str, str]) -> str:
-    """The request's id: its ``X-Request-Id`` (printable ASCII kept, cut to MAX_ID characters), else a
-    new one. Echoed in the reply's X-Request-Id; the id of the daemon's request for input i is
-    ``ID`` for a request of one input, else ``ID#i``: in the audit log and every log line about it."""
-    given = safe_id(headers.get("x-request-id", ""), MAX_ID)
-    return given.strip() or uuid.uuid4().hex
-
-
-def request_meta(headers: dict[str, str]) -> dict[str, Any]:
-    """The ZeroMQ request's metadata fields, from the HTTP headers."""
-    meta: dict[str, Any] = {}
-    if deadline := headers.get("x-deadline-ms"):
-        try:
-            meta["deadline_ms"] = float(deadline)
-        except ValueError:
-            raise HttpError(P.BAD_REQUEST, "X-Deadline-Ms must be a number of milliseconds")
-        if not math.isfinite(meta["deadline_ms"]):
-            raise HttpError(P.BAD_REQUEST, "X-Deadline-Ms must be finite")
-    if tags := headers.get("x-tags"):
-        meta["tags"] = [t.strip() for t in tags.split(",") if t.strip()]
-    for header, field in (("x-tenant", "tenant"), ("x-request-type", "request_type"),
-                          ("x-user-frequency", "user_frequency"), ("x-user", "user")):
-        if value := headers.get(header):
-            meta[field] = value
-    if rid := headers.get(":request-id"):   # set by the door (request_id), as ":authenticated" is
-        meta["_request_id"] = rid
-    if headers.get(":authenticated"):   # set by the door from an API key, never by a client (no ":" in names)
-        meta["_caller"] = (meta.get("tenant"), tuple(c for c in headers[":channels"].split(",") if c))
-    return meta
-
-
-def text_headers(raw: Any) -> dict[str, str]:
-    """The first value of each header, as text. A value that is not UTF-8 is refused, as the ZeroMQ
-    door refuses such a string: headers become request fields (tenant, user, tags)."""
-    headers: dict[str, str] = {}
-    for name, value in raw:
-        try:
-            headers.setdefault(name.decode("ascii"), value.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise HttpError(P.BAD_REQUEST, f"header {name.decode('latin-1')} is not UTF-8")
-    return headers
-
-
-def body_tags(tags: Any, meta: dict[str, Any]) -> None:
-    """Tags from the body (OpenAI ``"tags"``, KServe ``parameters.tags``), where no X-Tags header gave them."""
-    if tags is None or "tags" in meta:
-        return
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-        raise HttpError(P.BAD_REQUEST, "\"tags\" must be a list of strings")
-    meta["tags"] = tags
-
-
-def output_array(answer: Any) -> np.ndarray | Any:
-    """A successful answer's output: a numpy array for a tensor, else the plain value."""
-    value, data = answer.output
-    if data is None:
-        return value
-    return np.frombuffer(data, dtype=value.dtype).reshape(value.shape)
-
-
-def bad_output(model: str, what: str) -> HttpError:
-    """A model's answer that HTTP cannot carry: 502, the model's fault, logged as a warning (its name,
-    never its output) with the request's id."""
-    error = HttpError(P.MODEL_ERROR, f"model {model!r} answered {what}", 502)
-    error.level = logging.WARNING
-    return error
-
-
-def reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:   # 499
-        return ""
-
-
-class HttpDoor:
     def __init__(self, settings: Any, api: Any):
         self.settings = settings   # [http]
         self.listen = settings.listen   # the daemon names it if the door cannot start
@@ -394,181 +289,6 @@ class HttpDoor:
         body = ({"error": exc.message, "code": exc.code} if v2
                 else {"error": {"code": exc.code, "message": exc.message}})
         return exc.status, msgspec.json.encode(body), headers
-
-    # -- inference -------------------------------------------------------------
-    @staticmethod
-    def _json(raw: bytes) -> dict[str, Any]:
-        """The body as a JSON object. msgspec refuses what the ZeroMQ door would: invalid UTF-8, a lone
-        surrogate (``"\\ud800"``), NaN; and nesting deeper than the interpreter's recursion limit."""
-        try:
-            body = msgspec.json.decode(raw)
-        except (msgspec.DecodeError, RecursionError):
-            raise HttpError(P.BAD_REQUEST, "the body is not JSON in UTF-8 (lone surrogates, NaN and "
-                                           "very deep nesting are refused)")
-        if not isinstance(body, dict):
-            raise HttpError(P.BAD_REQUEST, "the body must be a JSON object")
-        return body
-
-    def _check_count(self, n: int) -> None:
-        if n > self.settings.max_inputs:
-            raise HttpError(P.BAD_REQUEST, f"{n} inputs exceed [http] max_inputs ({self.settings.max_inputs})", 413)
-
-    async def _infer_all(self, model: str, inputs: list[Any], meta: dict[str, Any]) -> list[Any]:
-        """One request per input, all in flight at once (they batch together); their outputs in order.
-        All or none: the first input refused or failed answers the whole HTTP request, and those still
-        queued are withdrawn (none is dispatched before the loop turns, so a refusal in the first chunk
-        runs none). SUBMIT_CHUNK inputs per loop turn, so the ZeroMQ door is never starved."""
-        futures: list[Any] = []
-        tenant, channels = meta.pop("_caller", (None, ()))
-        rid = meta.pop("_request_id", None) or uuid.uuid4().hex
-        try:
-            for i, x in enumerate(inputs):
-                if i and not i % SUBMIT_CHUNK:
-                    await asyncio.sleep(0)
-                future = self.api.infer(P.Request(rid if len(inputs) == 1 else f"{rid}#{i}", model,
-                                                  **self._input_field(x), **meta),
-                                        tenant=tenant, channels=channels)
-                futures.append(future)
-                if future.done():   # refused at once (overloaded, refused, ...): withdraw the others now
-                    self._check(future.result())
-            return [output_array(self._check(await future)) for future in futures]
-        except HttpError as exc:
-            if exc.code == P.QUOTA_EXCEEDED:   # when its tenant's bucket holds a request again
-                exc.retry_after = self.api.retry_after(meta.get("tenant"))
-            raise
-        finally:
-            for future in futures:
-                if not future.done():
-                    self.api.withdraw(future)
-
-    @staticmethod
-    def _check(answer: Any) -> Any:
-        if answer.code != "ok":
-            raise HttpError(answer.code, answer.message)
-        return answer
-
-    @staticmethod
-    def _input_field(x: Any) -> dict[str, Any]:
-        if isinstance(x, str):
-            return {"text": x}
-        return {"value": x}
-
-    async def embeddings(self, _: None, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
-        body = self._json(raw)
-        model, inputs = body.get("model"), body.get("input")
-        if not isinstance(model, str) or not model:
-            raise HttpError(P.BAD_REQUEST, "\"model\" must name a model")
-        texts = [inputs] if isinstance(inputs, str) else inputs
-        if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
-            raise HttpError(P.BAD_REQUEST, "\"input\" must be a string or a non-empty list of strings")
-        self._check_count(len(texts))
-        meta = request_meta(headers)
-        if isinstance(body.get("user"), str):
-            meta.setdefault("user", body["user"])
-        body_tags(body.get("tags"), meta)
-        outputs = await self._infer_all(model, texts, meta)
-        try:
-            vectors = [np.asarray(o, dtype=np.float64).ravel() for o in outputs]
-        except (ValueError, TypeError):
-            raise bad_output(model, "outputs that are not numbers")
-        if not all(np.isfinite(v).all() for v in vectors):
-            raise bad_output(model, "numbers that are not finite (NaN or infinity)")
-        data = [{"object": "embedding", "index": i, "embedding": v.tolist()} for i, v in enumerate(vectors)]
-        tokens = sum(P.estimate_tokens(P.Request(0, model, text=t)) for t in texts)
-        return 200, {"object": "list", "data": data, "model": model,
-                     "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-
-    async def v2_infer(self, name: str, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
-        body = self._json(raw)
-        if not isinstance(body.get("id", ""), str):
-            raise HttpError(P.BAD_REQUEST, "\"id\" must be a string")
-        items = self._v2_requests(body.get("inputs"))
-        meta = request_meta(headers)
-        params = body.get("parameters") or {}
-        if isinstance(params, dict) and isinstance(params.get("deadline_ms"), (int, float)):
-            meta.setdefault("deadline_ms", float(params["deadline_ms"]))
-        if isinstance(params, dict):
-            body_tags(params.get("tags"), meta)
-        outputs = await self._infer_all(name, items, meta)
-        return 200, {"model_name": name, "id": body.get("id", ""), "outputs": [self._v2_output(name, outputs)]}
-
-    @staticmethod
-    def _v2_output(model: str, outputs: list[Any]) -> dict[str, Any]:
-        """The outputs as one v2 tensor: BYTES for texts, else stacked numbers (502 if they cannot be)."""
-        if all(isinstance(o, str) for o in outputs):
-            return {"name": "output", "datatype": "BYTES", "shape": [len(outputs)], "data": list(outputs)}
-        try:
-            stacked = np.stack([np.asarray(o) for o in outputs])
-        except ValueError:
-            raise bad_output(model, "outputs of different shapes")
-        datatype = V2_TYPES.get(str(stacked.dtype))
-        if datatype is None:
-            raise bad_output(model, f"outputs of type {stacked.dtype.kind!r}, not numbers")
-        if stacked.dtype.kind == "f" and not np.isfinite(stacked).all():
-            raise bad_output(model, "numbers that are not finite (NaN or infinity)")
-        return {"name": "output", "datatype": datatype, "shape": list(stacked.shape), "data": stacked.ravel().tolist()}
-
-    def _v2_requests(self, tensors: Any) -> list[Any]:
-        """One input per request: the rows of the one tensor, or with several named tensors (a model
-        of several inputs, such as an exported program) a table {name: row} per request."""
-        if not isinstance(tensors, list) or not tensors or not all(isinstance(t, dict) for t in tensors):
-            raise HttpError(P.BAD_REQUEST, "\"inputs\" must be a non-empty list of tensors")
-        if len(tensors) == 1:
-            return self._v2_items(tensors[0])
-        names = [t.get("name") for t in tensors]
-        if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-            raise HttpError(P.BAD_REQUEST, "several inputs need a \"name\" each, all different")
-        columns = [self._v2_items(t) for t in tensors]
-        if len({len(c) for c in columns}) != 1:
-            raise HttpError(P.BAD_REQUEST, "every input must have the same first dimension (the batch)")
-        return [dict(zip(names, row)) for row in zip(*columns)]
-
-    def _v2_items(self, tensor: dict[str, Any]) -> list[Any]:
-        """The per-request inputs of a v2 tensor: its first dimension is the batch."""
-        datatype, shape, data = tensor.get("datatype"), tensor.get("shape"), tensor.get("data")
-        if (not isinstance(shape, list) or not shape or not isinstance(data, list)
-                or not all(type(d) is int and d >= 0 for d in shape)):
-            raise HttpError(P.BAD_REQUEST, "a v2 input needs \"shape\" (a list of dimensions >= 0) and "
-                                           "\"data\" (a list)")
-        self._check_count(shape[0])
-        if datatype == "BYTES":
-            if not all(isinstance(x, str) for x in data) or len(data) != shape[0]:
-                raise HttpError(P.BAD_REQUEST, "BYTES data must be shape[0] strings")
-            return list(data)
-        if datatype not in FROM_V2:
-            raise HttpError(P.BAD_REQUEST, f"datatype {str(datatype)[:16]!r} is not supported")
-        try:
-            array = np.asarray(data, dtype=FROM_V2[datatype]).reshape(shape)
-        except (ValueError, TypeError, OverflowError):
-            raise HttpError(P.BAD_REQUEST, f"data does not fit shape {shape} of {datatype}")
-        return [row.tolist() for row in array]
-
-    # -- metadata and probes ---------------------------------------------------
-    async def v2_model(self, name: str, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
-        models = self.api.models
-        if name not in models:
-            raise HttpError(P.UNKNOWN_MODEL, f"no model named {name!r}")
-        if models[name].runner in ("torchscript", "exported"):   # the inputs its options declare
-            declared = models[name].options.get("inputs") or [{"name": "input", "dtype": "float32"}]
-            inputs = [{"name": i["name"], "datatype": V2_TYPES[i.get("dtype", "float32")],
-                       "shape": [-1, *(i.get("shape") or [])]} for i in declared]
-        else:
-            inputs = [{"name": "input", "datatype": "BYTES", "shape": [-1]}]
-        return 200, {"name": name, "platform": f"dynbatchd/{models[name].runner}", "versions": ["1"],
-                     "inputs": inputs, "outputs": [{"name": "output", "datatype": "FP32", "shape": [-1, -1]}]}
-
-    async def v2_model_ready(self, name: str, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
-        if name not in self.api.models:
-            raise HttpError(P.UNKNOWN_MODEL, f"no model named {name!r}")
-        ready = self.api.state == "serving"
-        return (200 if ready else 503), {"name": name, "ready": ready}
-
-    async def live(self, *_: Any) -> tuple[int, Any]:
-        return 200, {"live": True, "state": self.api.state}
-
-    async def ready(self, *_: Any) -> tuple[int, Any]:
-        ready = self.api.state == "serving"
-        return (200 if ready else 503), {"ready": ready, "state": self.api.state}
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
