@@ -220,6 +220,8 @@ class Operations(Membership):
                        "quarantined": snap["quarantined"],
                        "health": daemon_health(snap["channels"], deadlines, devices, self.engine.memory_used)},
             "channels": snap["channels"],
+            "models": {"serving": sorted(set(self.config.models) - set(self.loading_models)),
+                       "loading": sorted(self.loading_models), "unloading": sorted(self.unloading_models)},
             "devices": devices,
             "cache": {**self.cache.snapshot(), "warmup_backlog": snap["warmup_backlog"]} if self.cache is not None else None,
             "compliance": self.audit.snapshot(),

@@ -61,6 +61,7 @@ class Worker:
     sent: int = 0                                       # batches sent to its current process...
     answered: int = 0                                   # ...and answered by it: in flight is the difference
     models: tuple[str, ...] = ()                        # what its process said it has loaded (Ready)
+    asked: tuple[str, ...] = ()                         # the models of the last Setup sent to it
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "feeder": self.feeder, "pid": self.proc.pid if self.proc else 0,
@@ -217,9 +218,12 @@ class DevicePool:
         no process and no in-flight batch."""
         self.models = list(models)
         for worker in self.workers:
-            if worker.state == "ready":
-                self.io.send([worker.name.encode(), P.encoder.encode(
-                    P.Setup(worker.device, self.models, self.cpu_threads))])
+            if worker.state == "ready":   # one still loading gets it when it says Ready
+                self._setup(worker)
+
+    def _setup(self, worker: Worker) -> None:
+        worker.asked = tuple(m.name for m in self.models)
+        self.io.send([worker.name.encode(), P.encoder.encode(P.Setup(worker.device, self.models, self.cpu_threads))])
 
     def loaded(self, model: str) -> bool:
         """Whether some worker that serves has `model` loaded."""
@@ -242,8 +246,7 @@ class DevicePool:
                 worker.answered += 1
                 self.on_result(worker.index, msg, frames[2:])
             elif isinstance(msg, P.Hello):
-                setup = P.Setup(worker.device, self.models, self.cpu_threads)
-                self.io.send([frames[0], P.encoder.encode(setup)])
+                self._setup(worker)
             elif isinstance(msg, P.Ready):
                 reloaded = worker.state == "ready"
                 worker.state, worker.failure = "ready", ""
@@ -252,6 +255,8 @@ class DevicePool:
                          msg.device, msg.pid, ", ".join(msg.models))
                 self._check_all_ready()
                 self.on_ready(worker.index)
+                if worker.asked != tuple(m.name for m in self.models):   # a reload came while it loaded
+                    self._setup(worker)
             elif isinstance(msg, P.Failed):
                 worker.failure = msg.message
                 worker.state = "failed"
