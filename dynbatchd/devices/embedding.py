@@ -7,7 +7,47 @@ import os
 from typing import Any
 
 from dynbatchd.devices.execution import OutOfMemory
-from dynbatchd.devices.runners import OptionError, StagedRunner, boolean, count, encoder_dir, one_of
+from dynbatchd.devices.runners import MAX_COUNT, OptionError, StagedRunner, boolean, count, encoder_dir, one_of
+
+COMPILE_MODES = ("off", "torch-compile", "cuda-graphs")
+DEFAULT_LENGTH_BUCKETS = (16, 32, 64, 128, 256)
+
+
+def length_buckets(value: Any) -> str | None:
+    """Checker: token lengths to pad a batch up to, a non-empty ascending list of integers >= 1."""
+    if (not isinstance(value, list) or not value
+            or any(isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_COUNT for v in value)):
+        return f"expected a non-empty list of token lengths (integers >= 1), got {value!r}"
+    if value != sorted(set(value)):
+        return f"expected ascending token lengths without repeats, got {value!r}"
+    return None
+
+
+def has_cuda_device() -> bool:
+    """Whether this machine shows an NVIDIA GPU, asked without importing torch (the config check runs
+    in the daemon, which never loads a model library)."""
+    return os.path.exists("/dev/nvidia0") or bool(os.listdir("/proc/driver/nvidia/gpus")
+                                                   if os.path.isdir("/proc/driver/nvidia/gpus") else [])
+
+
+def compile_mode(value: Any) -> str | None:
+    """Checker of ``compile``: cuda-graphs is refused where no CUDA device can be seen."""
+    problem = one_of(*COMPILE_MODES)(value)
+    if problem is None and value == "cuda-graphs" and not has_cuda_device():
+        return ("cuda-graphs needs a CUDA device and this machine has none: use \"torch-compile\" "
+                "or \"off\"")
+    return problem
+
+
+def bucket(size: int, buckets: tuple[int, ...]) -> int:
+    """The smallest bucket that holds `size` (`size` itself past the largest)."""
+    return next((b for b in buckets if b >= size), size)
+
+
+def batch_bucket(size: int) -> int:
+    """Batch sizes padded to a power of two, at least 2 (a captured CUDA graph has one fixed shape,
+    and a compiler specialises a size of 1)."""
+    return max(2, 1 << (size - 1).bit_length())
 
 
 class SentenceEmbeddingRunner(StagedRunner):
@@ -20,6 +60,16 @@ class SentenceEmbeddingRunner(StagedRunner):
     (float32, default; bfloat16; float16 on CUDA only: on a CPU it is several
     times slower than float32). Outputs are float32 whatever the dtype.
 
+    compile (default "off"): "torch-compile" runs the encoder through
+    ``torch.compile`` (the batch axis dynamic, the token axis one shape per
+    length bucket); "cuda-graphs" also captures each shape as a CUDA graph
+    (``mode="reduce-overhead"``; CUDA only) and pads batch sizes to a power of
+    two so that few graphs are kept. length_buckets (default 16, 32, 64, 128,
+    256, cut at max_tokens, which is always the last) are the token lengths a
+    batch is padded up to when compile is on, so few shapes are compiled; each
+    is warmed at load, which makes the load slower (tens of seconds on a CPU).
+    Padding is masked: the embeddings are those of the eager model.
+
     Staged for a pipelined worker: `prepare` tokenises (into pinned memory on
     CUDA), `forward` copies in without blocking, runs the model and starts the
     copy back, `finish` waits for that copy. On CUDA the device time of a batch
@@ -29,7 +79,8 @@ class SentenceEmbeddingRunner(StagedRunner):
 
     NAME = "sentence-embedding"
     OPTIONS = {"path": encoder_dir, "max_tokens": count(1), "normalize": boolean,
-               "dtype": one_of("float32", "float16", "bfloat16")}
+               "dtype": one_of("float32", "float16", "bfloat16"), "compile": compile_mode,
+               "length_buckets": length_buckets}
 
     def load(self):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,18 +99,34 @@ class SentenceEmbeddingRunner(StagedRunner):
         if dtype == "float16" and not self.cuda:
             raise OptionError("dtype", f"float16 runs on CUDA devices only, not on {self.device} "
                                        "(several times slower than float32 there): use float32 or bfloat16")
+        self.compile = self.options.get("compile", "off")
+        if self.compile == "cuda-graphs" and not self.cuda:
+            raise OptionError("compile", f"cuda-graphs runs on CUDA devices only, not on {self.device}: "
+                                         "use \"torch-compile\" or \"off\"")
+        wanted = self.options.get("length_buckets", DEFAULT_LENGTH_BUCKETS)
+        self.buckets = (tuple(b for b in wanted if b < self.max_tokens) + (self.max_tokens,)
+                        if self.compile != "off" else ())
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModel.from_pretrained(str(path))   # (then cast: older transformers lack `dtype=`)
         self.model = model.to(device=self.device, dtype=getattr(torch, dtype)).eval()
+        self.encoder = self.model
+        if self.compile != "off":
+            self.encoder = torch.compile(self.model, mode="reduce-overhead" if self.compile == "cuda-graphs"
+                                         else None)
         self.run(["warm up the kernels"] * 2, [4, 4])
+        for length in self.buckets:   # two batch sizes each: the second compiles the batch axis dynamic
+            for rows in (2, 4):
+                self.run(["warm " * length] * rows, [length] * rows)
 
     def check(self, item):
         return None if isinstance(item, str) else "sentence-embedding takes text input"
 
     def prepare(self, inputs, tokens):
         enc = self.tokenizer(inputs, padding=True, truncation=True, max_length=self.max_tokens, return_tensors="pt")
+        if self.buckets:
+            enc = self._pad_to_bucket(dict(enc))
         if self.cuda:   # pinned: the copy to the device can then run without blocking this thread
-            return {k: v.pin_memory() for k, v in enc.items()}
+            return {k: v.pin_memory() if k != "rows" else v for k, v in enc.items()}
         return dict(enc)
 
     def forward(self, prepared):
@@ -71,7 +138,8 @@ class SentenceEmbeddingRunner(StagedRunner):
                 with torch.cuda.device(self.device):   # events on this device's stream, whichever thread runs this
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
-                    pooled = self._embed({k: v.to(self.device, non_blocking=True) for k, v in prepared.items()})
+                    pooled = self._embed({k: v.to(self.device, non_blocking=True) if k != "rows" else v
+                                          for k, v in prepared.items()})
                     host = torch.empty(pooled.shape, dtype=pooled.dtype, pin_memory=True)
                     host.copy_(pooled, non_blocking=True)
                     end.record()
@@ -80,11 +148,28 @@ class SentenceEmbeddingRunner(StagedRunner):
             torch.cuda.empty_cache()
             raise OutOfMemory(str(exc).splitlines()[0]) from None
 
+    def _pad_to_bucket(self, enc: dict[str, Any]) -> dict[str, Any]:
+        """Pad the token axis up to its length bucket (and, for CUDA graphs, the batch axis up to a
+        power of two) with masked positions, so the compiled encoder sees few shapes. `finish`
+        drops the padding rows."""
+        pad = self.torch.nn.functional.pad
+        rows, length = enc["input_ids"].shape
+        more_rows = batch_bucket(rows) - rows
+        more_tokens = bucket(length, self.buckets) - length
+        fill = {"input_ids": self.tokenizer.pad_token_id or 0}
+        out = {k: pad(v, (0, more_tokens, 0, more_rows), value=fill.get(k, 0)) for k, v in enc.items()}
+        out["rows"] = rows
+        return out
+
     def _embed(self, enc: dict[str, Any]) -> Any:
-        hidden = self.model(**enc).last_hidden_state.float()   # pooled in float32 whatever the dtype
+        rows = enc.pop("rows", None)
+        if self.compile == "torch-compile":
+            self.torch._dynamo.maybe_mark_dynamic(enc["input_ids"], 0)   # a graph per length bucket
+        hidden = self.encoder(**enc).last_hidden_state.float()   # pooled in float32 whatever the dtype
         mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        return self.torch.nn.functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
+        pooled = self.torch.nn.functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
+        return pooled[:rows] if rows is not None else pooled
 
     def finish(self, output):
         if isinstance(output, tuple):
