@@ -160,11 +160,17 @@ async def _start_canary(daemon, channel: str, changes: dict[str, Any], share: fl
 def reload(daemon, by: str | None = None, force: bool = False, dry_run: bool = False,
            config: dict[str, Any] | None = None) -> Any:
     """`reload [force=false] [dry_run=false] [config={...}]` -> {"needs_restart": [...], "changes":
-    {channel: {key: [before, after]}}, "risk": {channel: verdict}, "dropped_overrides": [...],
-    "applied"}: re-read the config file (same as SIGHUP) with the tuning drop-in on top; a key the
-    file changed drops its override. Every channel it changes is risk-assessed, and a risky reload
-    is refused unless `force`. `dry_run`: only the plan (`config`: check that configuration,
-    e.g. a file an operator is about to install, instead of the daemon's own file).
+    {channel: {key: [before, after]}}, "added": {"channels": [...], "models": [...]}, "removed":
+    {...}, "risk": {channel: verdict}, "dropped_overrides": [...], "applied"}: re-read the config
+    file (same as SIGHUP) with the tuning drop-in on top; a key the file changed drops its
+    override. Channels and models are added and removed live: an added channel is routable at
+    once, a removed one answers what it holds and then goes; an added model is refused
+    unknown_model until a worker has loaded it (status: models.loading), a removed one is refused
+    at once and unloaded once its accepted requests are answered. `needs_restart` names what only
+    a restart changes (daemon, devices, cache; a model's settings; models on a Ray pool). Every
+    channel it changes is risk-assessed, and a risky reload is refused unless `force`. `dry_run`:
+    only the plan (`config`: check that configuration, e.g. a file an operator is about to
+    install, instead of the daemon's own file).
     """
     opts = {k: v for k, v in (("by", by), ("force", bool(force)), ("dry_run", bool(dry_run))) if v}
     try:
