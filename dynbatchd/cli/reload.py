@@ -36,6 +36,10 @@ def reload(ctx: typer.Context, force: bool = ForceOption, dry_run: bool = DryRun
 
 def print_plan(data: dict[str, Any]) -> None:
     """What a reload (or a checked file) changes, each channel's risk verdict, the overrides it drops."""
+    for word in ("added", "removed"):
+        for kind, names in (data.get(word) or {}).items():
+            for name in names:
+                out.print(f"{kind[:-1]} {name} {word}", highlight=False, markup=False)
     for channel, keys in (data.get("changes") or {}).items():
         changed = ", ".join(f"{k} {_value_text(a)} -> {_value_text(b)}" for k, (a, b) in keys.items())
         out.print(f"channel {channel}: {changed}", highlight=False, markup=False)
