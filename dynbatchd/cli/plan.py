@@ -6,7 +6,7 @@ device memory from ``--memory-gb`` (which wins), else the config's
 ``devices.memory_gb``, else NVML (GPU ``--gpu``), the daemon's own order; where that is a table by device (a
 mixed pool), one plan per device (``--json``: a list). The config file is found as every
 command finds it (`dynbatchd.config.find_config`). Memory figures are GiB (2^30 bytes), as GPU
-vendors count them. The model is `dynbatchd.scheduler.sizing.plan_memory`.
+vendors count them. The model is `dynbatchd.memory.plan_memory`.
 """
 
 from __future__ import annotations

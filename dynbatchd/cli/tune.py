@@ -46,7 +46,7 @@ TUNE_HELP = {
     "deadline_ms": "Default deadline of the channel's requests, in ms (> 0, at most one day).",
     "queue_limit": "Requests the channel may hold before answering overloaded (1 to 16777216).",
     "max_tokens": "Cap on the tokens of one batch (0: none).",
-    "min_share": "Share of dispatches the channel is guaranteed under overload (0 to 1).",
+    "min_share": "Share of recent device time the channel is guaranteed under overload (0 to 1).",
 }
 
 

@@ -1,7 +1,9 @@
 """Discrete-event simulation of dynbatchd on simulated accelerators (every figure SIMULATED).
 
 The daemon's own engine (`dynbatchd.engine`) runs against a virtual clock in
-integer nanoseconds; only the sockets and the workers are replaced:
+integer nanoseconds; the sockets and the workers are replaced, and so is the
+daemon's intake (routing by `rules_router`, the default deadline; no compliance
+check), so the scheduling decisions, not yet every decision, are the daemon's:
 
 - `devices`: the latency model shared with the live `simulated` runner;
 - `traces`: arrivals, the trace CSV reader and the guide's token mix;
