@@ -20,7 +20,7 @@ least-loaded feeder that is up (`Dispatch.feeder`). A feeder that dies costs
 only its own batches; the device serves while any feeder is up.
 
 No sockets, threads, asyncio or clocks here: the live daemon
-(`dynbatchd.service`) and the discrete-event simulator (`dynbatchd.sim`)
+(`dynbatchd.service`) and the discrete-event simulator (`dynbatchd.simulate`)
 make the same decisions because they call the same methods. A job's
 `payload` is the driver's own business (a reply address, a trace index);
 the engine hands it back in every Dispatch and Answer.
