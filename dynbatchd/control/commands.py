@@ -201,8 +201,8 @@ def warmup(daemon, top_users: int = 10_000, model: str | None = None) -> dict[st
     """`warmup [top_users=N] [model=NAME]` -> {"queued", "already_cached", "backlog"}.
 
     Asks the warmup plugins which inputs the top users will send and
-    precomputes them into the result cache through the warmup channel (the
-    bulk path), a little at a time. Needs ``[cache] entries > 0``.
+    precomputes them into the result cache through ``[cache] warmup_channel``
+    (else the default channel), on idle devices only. Needs ``[cache] entries > 0``.
     """
     if daemon.cache is None:
         raise CommandError("the result cache is off: set [cache] entries in the config to use warmup")
