@@ -117,6 +117,12 @@ def test_under_the_scheduler_with_preemption_the_tokens_stay_exact(runner):
     assert not runner.sequences and runner.kv_tokens() == 0
 
 
+def test_the_one_shot_run_answers_each_input_with_its_text(runner):
+    texts = runner.run([PROMPTS[0], PROMPTS[2]], [4, 1])
+    assert texts == [runner.tokenizer.decode(alone(runner, p)) for p in (PROMPTS[0], PROMPTS[2])]
+    assert not runner.sequences
+
+
 def test_options_are_checked_without_loading(model_dir, tmp_path):
     check_options(CausalLMRunner, {"path": str(model_dir), "dtype": "bfloat16", "stop": ["\n"], "temperature": 0.7})
     with pytest.raises(OptionError, match="required"):
