@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dynbatchd.hookspecs import hookimpl
 from dynbatchd.scheduler import windows
-from dynbatchd.scheduler.policies import FixedWindow
 
 
 @hookimpl
 def dynbatchd_window_policies():
-    return {"fixed": FixedWindow.factory, **windows.factories()}
+    return windows.factories()   # the scheduler's one table, fixed included
