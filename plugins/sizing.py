@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from dynbatchd.hookspecs import hookimpl
 from dynbatchd.scheduler import sizing
-from dynbatchd.scheduler.policies import StaticSizer
 
 
 @hookimpl
 def dynbatchd_batch_sizers():
-    return {"static": StaticSizer.factory, **sizing.factories()}
+    return sizing.factories()   # the scheduler's one table, static included

@@ -13,9 +13,11 @@ from typing import Any, Callable, Iterable
 
 from dynbatchd.scheduler.channel import NEVER, Batch, Channel, Item, Lane
 from dynbatchd.errors import OptionError
-from dynbatchd.scheduler.policies import FixedWindow, StaticSizer
+from dynbatchd.scheduler import sizing, windows
 
 PolicyFactory = Callable[[str, Any, dict[str, Any]], Any]
+DEFAULT_WINDOW_POLICY = "fixed"   # a channel without [window]: its window_ms, as configured
+DEFAULT_SIZER = "static"          # a channel without [batch_size]: its max_batch, as configured
 
 
 @dataclass(slots=True)
@@ -27,15 +29,21 @@ class Decision:
 def build_channels(channels: dict[str, Any],
                    window_policies: dict[str, PolicyFactory] | None = None,
                    sizers: dict[str, PolicyFactory] | None = None) -> dict[str, Channel]:
-    """Channels from settings, each with the window and batch-size policy it names."""
-    window_policies = {"fixed": FixedWindow.factory, **(window_policies or {})}
-    sizers = {"static": StaticSizer.factory, **(sizers or {})}
+    """Channels from settings, each with the window and batch-size policy it names.
+
+    `window_policies` / `sizers`: name -> factory, the plugins' registries. The built-ins come
+    through the same tables (`windows.factories`, `sizing.factories`, which the built-in plugins
+    register), laid under the ones given so a scheduler test or a simulation needs no plugin
+    manager; a channel that names no policy gets the default by name, like any other.
+    """
+    window_policies = {**windows.factories(), **(window_policies or {})}
+    sizers = {**sizing.factories(), **(sizers or {})}
     built = {}
     for name, settings in channels.items():
         wsel = getattr(settings, "window", None)
         ssel = getattr(settings, "batch_size", None)
-        wname, wopts = (wsel.policy, dict(wsel.options)) if wsel else ("fixed", {})
-        sname, sopts = (ssel.policy, dict(ssel.options)) if ssel else ("static", {})
+        wname, wopts = (wsel.policy, dict(wsel.options)) if wsel else (DEFAULT_WINDOW_POLICY, {})
+        sname, sopts = (ssel.policy, dict(ssel.options)) if ssel else (DEFAULT_SIZER, {})
         if wname not in window_policies:
             raise OptionError(f"channels.{name}.window.policy", f"unknown window policy {wname!r}")
         if sname not in sizers:

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from dynbatchd.scheduler.options import Options
-from dynbatchd.scheduler.policies import MS
+from dynbatchd.scheduler.policies import MS, StaticSizer
 
 
 def _scaled(limit: int, factor: float, up: bool) -> int:
@@ -120,5 +120,6 @@ class AdaptiveSizer:
 
 
 def factories() -> dict[str, Any]:
-    """Name → factory, for the built-in sizing plugin."""
-    return {"adaptive": AdaptiveSizer.factory}
+    """Name → factory of every built-in batch-size policy (``static`` lives in
+    `dynbatchd.scheduler.policies`), for the built-in sizing plugin and `build_channels`."""
+    return {"static": StaticSizer.factory, "adaptive": AdaptiveSizer.factory}
