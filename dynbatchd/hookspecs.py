@@ -176,6 +176,24 @@ def dynbatchd_cache_policies() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------
+# config tables
+# ---------------------------------------------------------------------------
+
+@hookspec
+def dynbatchd_config_tables() -> dict[str, Any]:
+    """Declare the config tables a plugin owns, so they are checked as strictly as the core's.
+
+    Return ``{name: struct_type}``: the table ``[plugins.NAME]`` is converted to that
+    msgspec struct type (best a frozen one with ``forbid_unknown_fields=True``, as
+    `dynbatchd.config.Frozen`) whenever the config is validated (start, reload, check,
+    tune), and a misspelt key or a value out of range is a ConfigError naming
+    ``plugins.NAME.KEY`` and the rule, as a core table's would be. The plugin reads its
+    settings with `dynbatchd.plugins.Plugins.table`. A name declared by two plugins is an
+    error. The built-in ``warmup`` plugin declares ``[plugins.warmup]``.
+    """
+
+
+# ---------------------------------------------------------------------------
 # front doors
 # ---------------------------------------------------------------------------
 

@@ -156,5 +156,21 @@ class Plugins:
     def cache_policies(self) -> dict[str, Any]:
         return self._registry(self.pm.hook.dynbatchd_cache_policies, "cache policy")
 
+    def config_tables(self) -> dict[str, type]:
+        """``{name: struct type}`` of the ``[plugins.NAME]`` tables plugins own (`dynbatchd_config_tables`)."""
+        return self._registry(self.pm.hook.dynbatchd_config_tables, "config table")
+
+    def table(self, config: Any, name: str) -> Any:
+        """``[plugins.NAME]`` of `config` as its owner's struct (its defaults where the table is absent);
+        a ConfigError (file, ``plugins.NAME.KEY``, rule) where it breaks the struct's rules."""
+        from dynbatchd.config import convert
+
+        return convert(config.plugins.get(name, {}), self.config_tables()[name], config.source, f"plugins.{name}")
+
+    def check_tables(self, config: Any) -> None:
+        """Every owned ``[plugins.NAME]`` table of `config` converts (`table`), or the first ConfigError."""
+        for name in self.config_tables():
+            self.table(config, name)
+
     def front_doors(self) -> dict[str, Any]:
         return self._registry(self.pm.hook.dynbatchd_front_doors, "front door")

@@ -38,6 +38,7 @@ def validate_config(config: Config, plugins: Plugins) -> None:
     if config.cache.policy not in policies:
         raise ConfigError(config.source, "cache.policy",
                           f"unknown cache policy {config.cache.policy!r} (known: {', '.join(sorted(policies))})")
+    plugins.check_tables(config)   # [plugins.NAME] tables their plugins own (dynbatchd_config_tables)
     violations = plugins.check_config(config)
     if violations:
         v = violations[0]

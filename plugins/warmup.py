@@ -21,6 +21,7 @@ from pathlib import Path
 from dynbatchd import topusers
 from dynbatchd.config import state_path
 from dynbatchd.hookspecs import WarmupJob, hookimpl
+from dynbatchd_plugins.warmup_config import dynbatchd_config_tables  # noqa: F401  (registers [plugins.warmup])
 
 log = logging.getLogger(__name__)
 

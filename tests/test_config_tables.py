@@ -1,0 +1,75 @@
+"""Plugins own config tables (`dynbatchd_config_tables`): ``[plugins.NAME]`` is checked against the
+owner's struct at validation, with the same key-naming errors as a core table (issue 25)."""
+
+from __future__ import annotations
+
+import tomllib
+from typing import Annotated
+
+import pytest
+from msgspec import Meta
+
+from dynbatchd import config as cfgmod
+from dynbatchd.config import ConfigError, Frozen
+from dynbatchd.hookspecs import hookimpl
+from dynbatchd.plugins import PluginError, Plugins
+from dynbatchd.validation import validate_config
+
+BASE = """
+[models.m]
+runner = "simulated"
+[channels.standard]
+max_batch = 8
+window_ms = 5
+"""
+
+
+class ShadowSettings(Frozen, kw_only=True):
+    share: Annotated[float, Meta(ge=0, le=1)] = 0.1
+    target: str = ""
+
+
+class ShadowPlugin:
+    @hookimpl
+    def dynbatchd_config_tables(self):
+        return {"shadow": ShadowSettings}
+
+
+def config(extra: str = "") -> cfgmod.Config:
+    return cfgmod.parse(tomllib.loads(BASE + extra), "f.toml")
+
+
+def test_the_builtin_warmup_plugin_owns_its_table():
+    plugins = Plugins.load()
+    assert plugins.table(config('[plugins.warmup]\nsource = "/x.jsonl"\n'), "warmup").source == "/x.jsonl"
+    assert plugins.table(config(), "warmup").source == ""   # absent: the defaults
+    with pytest.raises(ConfigError) as bad:
+        validate_config(config('[plugins.warmup]\nsourse = "/x.jsonl"\n'), plugins)
+    assert (bad.value.file, bad.value.key) == ("f.toml", "plugins.warmup")
+    assert "sourse" in bad.value.rule
+
+
+def test_a_third_party_table_is_checked_with_key_naming_errors():
+    plugins = Plugins.load(extra=[ShadowPlugin()])
+    assert plugins.table(config("[plugins.shadow]\nshare = 0.25\n"), "shadow") == ShadowSettings(share=0.25)
+    with pytest.raises(ConfigError) as bad:
+        validate_config(config("[plugins.shadow]\nshare = 2\n"), plugins)
+    assert bad.value.key == "plugins.shadow.share"
+    assert bad.value.rule == "expected `float` <= 1.0, got `2`"
+    with pytest.raises(ConfigError) as typo:
+        validate_config(config('[plugins.shadow]\ntraget = "x"\n'), plugins)
+    assert typo.value.key == "plugins.shadow" and "traget" in typo.value.rule
+
+
+def test_a_table_without_an_owner_stays_free_form():
+    validate_config(config("[plugins.someone_else]\nanything = 1\n"), Plugins.load())
+
+
+def test_two_plugins_cannot_own_one_table():
+    class Again:
+        @hookimpl
+        def dynbatchd_config_tables(self):
+            return {"shadow": dict}
+
+    with pytest.raises(PluginError, match="config table 'shadow' is registered by two plugins"):
+        Plugins.load(extra=[ShadowPlugin(), Again()]).config_tables()
