@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -27,6 +28,7 @@ import zmq
 
 from dynbatchd import protocol as P
 from dynbatchd.client import build_request
+from dynbatchd.simulate.traces import poisson
 
 BURST = 256            # most requests sent before replies are read again
 TICK_S = 0.0002        # shortest sleep: requests due within it go out together (bounds wake-ups/s)
@@ -88,12 +90,7 @@ class RunResult:
 
 def schedule(rate: float, duration_s: float, seed: int) -> np.ndarray:
     """Poisson arrival offsets in seconds, all below `duration_s`."""
-    rng = np.random.default_rng(seed)
-    n = int(rate * duration_s * 1.2) + 64
-    t = np.cumsum(rng.exponential(1.0 / rate, size=n))
-    while t[-1] < duration_s:  # vanishingly rare: extend
-        t = np.concatenate([t, t[-1] + np.cumsum(rng.exponential(1.0 / rate, size=n))])
-    return t[t < duration_s]
+    return np.fromiter(poisson(random.Random(seed), rate, 0.0, duration_s), dtype=np.float64)
 
 
 def encode_all(n: int, model: str, inputs: list[Any], deadline_ms: float | None, tags: tuple[str, ...]) -> list[bytes]:

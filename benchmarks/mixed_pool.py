@@ -17,7 +17,7 @@ from typing import Iterator
 
 from dynbatchd import engine as engine_module
 from dynbatchd.config import ChannelSettings
-from dynbatchd.simulate import DeviceModel, simulate
+from dynbatchd.simulate import DeviceModel, poisson, simulate
 
 MS = 1_000_000
 FAST = DeviceModel(base_ms=2.0, per_item_ms=0.1)    # e.g. a large GPU
@@ -45,12 +45,7 @@ def round_robin() -> Iterator[None]:
 
 
 def arrivals(rate: float, duration_s: float, seed: int) -> list[tuple[int, int, str]]:
-    rng, t, out = random.Random(seed), 0.0, []
-    while True:
-        t += rng.expovariate(rate)
-        if t >= duration_s:
-            return out
-        out.append((int(t * 1e9), 0, "standard"))
+    return [(int(t * 1e9), 0, "standard") for t in poisson(random.Random(seed), rate, 0.0, duration_s)]
 
 
 def goodput(rate: float, duration_s: float, seed: int) -> float:

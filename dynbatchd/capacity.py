@@ -28,7 +28,7 @@ from msgspec import Meta
 
 from dynbatchd import config as cfgmod
 from dynbatchd.errors import DynbatchdError
-from dynbatchd.simulate import Arrival, DeviceModel, SimResult, mix_tokens, read_trace_csv, simulate
+from dynbatchd.simulate import Arrival, DeviceModel, SimResult, mix_tokens, poisson, read_trace_csv, simulate
 
 SECOND = 1_000_000_000
 HOURS_PER_MONTH = 730.0          # 365 × 24 / 12
@@ -125,13 +125,11 @@ class Traffic:
             speed = self.peak_rps / (len(rows) / rows[-1][0])   # the trace's mean rate becomes the peak rate
             return [Arrival(int(at / speed * SECOND), tokens, tags=tag())
                     for at, tokens in rows if at / speed < self.duration_s]
-        out, t = [], 0.0
-        while True:
-            t += rng.expovariate(self.peak_rps)
-            if t >= self.duration_s:
-                return out
+        out = []
+        for t in poisson(rng, self.peak_rps, 0.0, self.duration_s):
             tokens = mix_tokens(rng)[1] if self.tokens is None else self.tokens
             out.append(Arrival(int(t * SECOND), tokens, tags=tag()))
+        return out
 
 
 # -- the search ------------------------------------------------------------------

@@ -15,6 +15,7 @@ from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import Item, Scheduler, build_channels
 from dynbatchd.scheduler.policies import MS, CostModel, LaneState
 from dynbatchd.scheduler.windows import EwmaWindow, PatternWindow, SloWindow, TieredWindow, factories
+from dynbatchd.simulate.traces import poisson_times
 
 SETTINGS = SimpleNamespace(window_ms=100.0, max_batch=32, deadline_ms=1000.0)
 WIDE = SimpleNamespace(window_ms=500.0, max_batch=32, deadline_ms=1000.0)   # lets the guide's windows through
@@ -155,13 +156,7 @@ def feed(p: PatternWindow, times, tokens=100, queued=1):
     return window
 
 
-def poisson(rng: random.Random, rate_per_s: float, start_ns: int, end_ns: int) -> list[int]:
-    out, t = [], float(start_ns)
-    while True:
-        t += rng.expovariate(rate_per_s) * 1e9
-        if t >= end_ns:
-            return out
-        out.append(int(t))
+poisson = poisson_times   # the package's one arrival loop (dynbatchd.simulate.traces)
 
 
 def test_pattern_classes_steady_traffic_as_steady():

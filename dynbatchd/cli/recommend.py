@@ -28,7 +28,7 @@ from dynbatchd import config as cfgmod
 from dynbatchd.client import DynbatchdError, control_call
 from dynbatchd.config import ConfigError
 from dynbatchd.plugins import Plugins
-from dynbatchd.simulate import Arrival, DeviceModel, simulate
+from dynbatchd.simulate import Arrival, DeviceModel, poisson, simulate
 from dynbatchd.tuning.collector import MIN_BATCHES
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.validation import validate_config
@@ -44,12 +44,7 @@ def observed_traffic(channels: dict[str, Any], duration_s: float, seed: int) -> 
     out = []
     for name, c in channels.items():
         rate, tokens = c.get("arrival_rps", 0.0), round(c.get("mean_tokens", 0.0))
-        t = 0.0
-        while rate > 0:
-            t += rng.expovariate(rate)
-            if t >= duration_s:
-                break
-            out.append(Arrival(int(t * SECOND), tokens, name))
+        out += [Arrival(int(t * SECOND), tokens, name) for t in poisson(rng, rate, 0.0, duration_s)]
     out.sort(key=lambda a: a.at_ns)
     return out
 

@@ -21,7 +21,7 @@ from dynbatchd import config as cfgmod
 from dynbatchd.devices.runners import simulated_options
 from dynbatchd.errors import DynbatchdError
 from dynbatchd.plugins import Plugins
-from dynbatchd.simulate import Arrival, DeviceModel, mix_tokens, read_trace_csv, simulate as run_simulation
+from dynbatchd.simulate import Arrival, DeviceModel, mix_tokens, poisson, read_trace_csv, simulate as run_simulation
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.validation import validate_config
 
@@ -31,14 +31,12 @@ SECOND = 1_000_000_000
 def poisson_arrivals(rate_rps: float, duration_s: float, seed: int, urgent_share: float,
                      tokens: int | None) -> list[Arrival]:
     rng = random.Random(seed)
-    out, t = [], 0.0
-    while True:
-        t += rng.expovariate(rate_rps)
-        if t >= duration_s:
-            return out
+    out = []
+    for t in poisson(rng, rate_rps, 0.0, duration_s):
         n = mix_tokens(rng)[1] if tokens is None else tokens
         tags = ("urgent",) if rng.random() < urgent_share else ()
         out.append(Arrival(int(t * SECOND), n, tags=tags))
+    return out
 
 
 def trace_arrivals(path: Path, compress: float, seed: int = 1, urgent_share: float = 0.0) -> list[Arrival]:

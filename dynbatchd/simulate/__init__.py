@@ -15,8 +15,8 @@ from dynbatchd.simulate.devices import DeviceModel, VirtualRunner
 from dynbatchd.simulate.driver import SimulationError, rules_router, simulate
 from dynbatchd.simulate.results import (COMPLETED, EXPIRED, FAILED, MS, OUTCOME_NAMES, OVERLOADED, PENDING,
                                         BatchRecord, GroupStats, SimResult, quantile)
-from dynbatchd.simulate.traces import GUIDE_MIX, Arrival, as_arrival, mix_tokens, poisson_times, read_trace_csv
+from dynbatchd.simulate.traces import GUIDE_MIX, Arrival, as_arrival, mix_tokens, poisson, poisson_times, read_trace_csv
 
 __all__ = ["Arrival", "BatchRecord", "COMPLETED", "DeviceModel", "EXPIRED", "FAILED", "GUIDE_MIX", "GroupStats",
            "MS", "OUTCOME_NAMES", "OVERLOADED", "PENDING", "SimResult", "SimulationError", "VirtualRunner",
-           "as_arrival", "mix_tokens", "poisson_times", "quantile", "read_trace_csv", "rules_router", "simulate"]
+           "as_arrival", "mix_tokens", "poisson", "poisson_times", "quantile", "read_trace_csv", "rules_router", "simulate"]

@@ -9,7 +9,7 @@ import csv
 import random
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Iterator
 
 SECOND = 1_000_000_000
 
@@ -42,14 +42,25 @@ def mix_tokens(rng: random.Random) -> tuple[str, int]:
     return name, rng.randint(lo, hi)
 
 
+def poisson(rng: random.Random, rate_rps: float, start: float, end: float, unit: float = 1.0) -> Iterator[float]:
+    """Poisson arrival times in [start, end), in `unit`s of a second (1: seconds, SECOND: ns).
+
+    The one arrival loop of the package (the CLI, the tuning loop, the capacity
+    model, the benchmarks and the tests draw from it). Lazy, so a caller may draw
+    from the same `rng` between arrivals (a token count, a tag) and a seed gives
+    the same trace as before; a rate of 0 gives no arrival.
+    """
+    t = float(start)
+    while rate_rps > 0:
+        t += rng.expovariate(rate_rps) * unit
+        if t >= end:
+            return
+        yield t
+
+
 def poisson_times(rng: random.Random, rate_rps: float, start_ns: int, end_ns: int) -> list[int]:
-    """Poisson arrival times in [start, end)."""
-    out, t = [], float(start_ns)
-    while True:
-        t += rng.expovariate(rate_rps) * SECOND
-        if t >= end_ns:
-            return out
-        out.append(int(t))
+    """Poisson arrival times in [start, end), in integer nanoseconds."""
+    return [int(t) for t in poisson(rng, rate_rps, start_ns, end_ns, SECOND)]
 
 
 def read_trace_csv(path: Any) -> list[tuple[float, int]]:

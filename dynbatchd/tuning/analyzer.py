@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from dynbatchd.simulate import Arrival, DeviceModel, SimResult, simulate
+from dynbatchd.simulate import Arrival, DeviceModel, SimResult, poisson, simulate
 from dynbatchd.tuning.collector import Observation
 
 SECOND = 1_000_000_000
@@ -34,12 +34,8 @@ class ChannelModel:
         rng = random.Random(self.seed)
         rate = self.rate_rps * scale
         duration = min(self.duration_s, MAX_ARRIVALS / rate)
-        out, t, tokens = [], 0.0, round(self.mean_tokens)
-        while True:
-            t += rng.expovariate(rate)
-            if t >= duration:
-                return out
-            out.append(Arrival(int(t * SECOND), tokens, self.channel))
+        tokens = round(self.mean_tokens)
+        return [Arrival(int(t * SECOND), tokens, self.channel) for t in poisson(rng, rate, 0.0, duration)]
 
     def run(self, channels: dict[str, Any], arrivals: list[Arrival], **kw: Any) -> SimResult:
         return simulate(channels, arrivals, device=self.device, devices=self.devices, **kw)

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from dynbatchd import config as cfgmod
-from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv, simulate
+from dynbatchd.simulate import Arrival, DeviceModel, poisson, read_trace_csv, simulate
 from dynbatchd.simulate.results import COMPLETED, EXPIRED
 from dynbatchd.simulate.traces import GUIDE_MIX
 from dynbatchd.telemetry import scheduling_efficiency
@@ -134,12 +134,8 @@ def device_model_of(cfg: cfgmod.Config, model: str) -> DeviceModel:
 
 def _arrivals(cell: Cell, rate: float, span_s: float, tokens: Callable[[], int], seed: int) -> list[Arrival]:
     rng = random.Random(seed)
-    out, t = [], 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= span_s:
-            return out
-        out.append(Arrival(int(t * SECOND), tokens(), channel=cell.channel, model=cell.model))
+    return [Arrival(int(t * SECOND), tokens(), channel=cell.channel, model=cell.model)
+            for t in poisson(rng, rate, 0.0, span_s)]
 
 
 def _run_sim(cfg: cfgmod.Config, cell: Cell, rate: float, duration_s: float, warmup_s: float,
@@ -333,11 +329,8 @@ class LiveBench:
                         await one()
                 await asyncio.gather(*(worker() for _ in range(int(cell.load))))
             else:
-                rng, tasks, t = random.Random(seed), [], begin
-                while True:
-                    t += rng.expovariate(cell.load)
-                    if t >= stop_at:
-                        break
+                tasks = []
+                for t in poisson(random.Random(seed), cell.load, begin, stop_at):
                     await asyncio.sleep(max(0.0, t - loop.time()))
                     tasks.append(asyncio.ensure_future(one()))
                 await asyncio.gather(*tasks)
