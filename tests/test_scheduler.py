@@ -151,15 +151,30 @@ def test_requeued_items_run_again_first_and_alone():
     assert [x.items for x in batches] == [[a], [b], [c]] and a.retries == 1
 
 
-def test_minimum_share_lets_a_starved_channel_through():
+def test_minimum_share_lets_a_starved_channel_through_when_its_request_can_wait_no_longer():
+    def picks(min_share: float) -> list[str]:
+        s = make(hot=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=10_000, priority=5),
+                 cold=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=60_000, min_share=min_share))
+        for t in range(20):   # all due at 22 ms, as is the cold one: at 22 ms every one is urgent
+            s.submit(item("hot", t, deadline_ms=22 - t), t * MS)
+        s.submit(item("cold", 0, deadline_ms=22), 0)
+        return [s.poll(22 * MS, free_slots=1).batches[0].channel for _ in range(3)]
+    # Without a minimum share, the higher priority's urgent requests go first; with one, the starved
+    # channel's urgent request does.
+    assert picks(0.0) == ["hot", "hot", "hot"]
+    assert picks(0.2)[0] == "cold"
+
+
+def test_minimum_share_does_not_take_the_device_for_a_request_that_can_still_wait():
     s = make(hot=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=10_000, priority=5),
              cold=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=60_000, min_share=0.2))
     for t in range(20):
         s.submit(item("hot", t, deadline_ms=100), t * MS)
     s.submit(item("cold", 0, deadline_ms=60_000), 0)
-    picked = [s.poll((20 + t) * MS, free_slots=1).batches[0].channel for t in range(6)]
-    # Without a minimum share, cold (later deadline) would wait behind all 20 hot requests.
-    assert "cold" in picked
+    picked = [s.poll((20 + t) * MS, free_slots=1).batches[0].channel for t in range(20)]
+    # Starved, but due in a minute: the hot burst due in 100 ms runs first, the cold request after it.
+    assert picked == ["hot"] * 20
+    assert s.poll(40 * MS, free_slots=1).batches[0].channel == "cold"
 
 
 def test_completed_batches_teach_the_cost_model():
@@ -236,17 +251,18 @@ def test_token_buckets_keep_short_requests_apart_from_long_ones():
 
 def test_minimum_share_follows_recent_dispatches_not_lifetime_totals():
     s = make(a=ChannelSettings(max_batch=1, window_ms=0, min_share=0.3, deadline_ms=60_000),
-             b=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=60_000))
-    # Long ago, `a` was served 200 times; afterwards `b` floods with earlier deadlines.
+             b=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=60_000, priority=1))
+    # Long ago, `a` was served 200 times; afterwards `b`, of higher priority, floods, and every
+    # request of both is due now: none can wait (the rule a minimum share acts on).
     for t in range(200):
         s.submit(item("a", t, deadline_ms=60_000), t * MS)
         s.poll(t * MS, free_slots=1)
     for t in range(200, 1200):
-        s.submit(item("b", t, deadline_ms=5_000), t * MS)
-        s.submit(item("a", t, deadline_ms=50_000), t * MS)
-    served = [s.poll(1200 * MS + k, free_slots=1).batches[0].channel for k in range(800)]
-    # Earliest-deadline-first alone would serve only b; `a` gets its share back once its
-    # old dispatches have faded, instead of being judged on lifetime totals forever.
+        s.submit(item("b", t, deadline_ms=1200 - t), t * MS)
+        s.submit(item("a", t, deadline_ms=1200 - t), t * MS)
+    served = [s.poll(1200 * MS, free_slots=1).batches[0].channel for _ in range(800)]
+    # Priority alone would serve only b; `a` gets its share back once its old dispatches have
+    # faded, instead of being judged on lifetime totals forever.
     assert served[:50].count("a") == 0
     assert 0.25 <= served[-200:].count("a") / 200 <= 0.4
 

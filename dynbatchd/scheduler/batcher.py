@@ -202,8 +202,11 @@ class Scheduler:
     def _most_urgent_ready(self, now_ns: int, free_slots: int, busy_ns: int) -> tuple[Channel, Lane] | None:
         """Which ready lane a free slot serves.
 
-        1. A channel below its configured minimum share of recent device time
-           (so no channel starves forever under overload);
+        1. A channel below its configured minimum share of recent device time whose
+           most urgent request can wait no longer (so no channel starves under
+           overload; work that can still wait does, and a quiet moment may take it:
+           a bulk request due in 30 s does not take the device from a standard
+           burst due in 1 s);
         2. then lanes whose most urgent request could not wait for the longest
            batch any channel cuts, twice over (the one running and the one
            queued behind it), higher channel priority first (realtime keeps its
@@ -229,7 +232,7 @@ class Scheduler:
                     continue
                 deadline = lane.head_deadline()
                 urgent = deadline - batch_time - channel.cost.estimate_ns(len(lane), lane.tokens) <= now_ns
-                key = (not starved, not urgent, -settings.priority if urgent else 0, deadline)
+                key = (not (starved and urgent), not urgent, -settings.priority if urgent else 0, deadline)
                 if best_key is None or key < best_key:
                     best, best_key = (channel, lane), key
         return best
