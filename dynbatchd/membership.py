@@ -55,6 +55,9 @@ class Membership:
         self.loading_models = (set(self.loading_models) | (set(new.models) - set(old.models))) & set(new.models)
         self.unloading_models = (set(self.unloading_models) | (set(old.models) - set(new.models))) - set(new.models)
         self.model_specs = {**self.model_specs, **model_specs(new)}
+        answers = getattr(self, "tenant_answers", None)   # /metrics labels a model it knows by name
+        if answers is not None and answers.models is not None:
+            answers.models |= set(new.models)
         self.engine.set_device_limits(device_limits(new, self.devices, NvmlProbe()))   # sized per device again
         if self.pool is not None:
             self.pool.set_models([self.model_specs[n] for n in [*new.models, *sorted(self.unloading_models)]])
