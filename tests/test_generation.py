@@ -108,6 +108,16 @@ def test_priority_then_deadline_orders_admission():
     assert [p.prefill for p in plans] == [("soon",), ("late",), ("bulk",)]
 
 
+def test_within_a_class_the_first_token_due_soonest_goes_first():
+    channels = {"chat": ChannelTargets("chat", priority=1, ttft_ms=100),
+                "report": ChannelTargets("report", priority=1, ttft_ms=10_000)}
+    sched = GenerationScheduler(KVLedger(1000, 1), channels, max_batch=1)
+    sched.submit(GenRequest("report", "report", 5, 1, 0.0), 0.0)     # arrived first, due at 10 s
+    sched.submit(GenRequest("chat", "chat", 5, 1, 50.0), 50.0)        # due at 150 ms
+    _, plans, _ = run_steps(sched, 50.0, 2)
+    assert [p.prefill for p in plans] == [("chat",), ("report",)]
+
+
 def test_cancel_frees_kv_at_once():
     sched = scheduler(100)
     sched.submit(GenRequest("a", "bulk", 40, 40), 0.0)

@@ -5,7 +5,8 @@ runs it (prefill the new sequences, decode one token for every running one), the
 with `complete(plan, now, stopped)`. Between steps requests join (`submit`) and leave
 (`complete`, `cancel`, deadlines). The rules:
 
-- Order: waiting requests go by channel priority (lower first), then deadline, then arrival; a
+- Order: waiting requests go by channel priority (lower first), then the earlier of their
+  deadline and their first-token due time (arrival + the channel's `ttft_ms`), then arrival; a
   request that does not fit waits, and nothing behind it jumps it (no starvation of long prompts).
 - Admission: a request's worst-case KV (prompt + max_new_tokens) must fit the `KVLedger` beside
   every admitted worst case; a request that could never fit is refused at once (`too_large`).
@@ -77,6 +78,7 @@ class Finished:
 class Sequence:
     request: GenRequest
     priority: int
+    ttft_ms: float = float("inf")
     generated: int = 0
     first_token_ms: float | None = None
     admitted_at: int = 0                 # admission order, for choosing preemption victims
@@ -95,7 +97,8 @@ class Sequence:
 
     def order_key(self) -> tuple:
         deadline = self.request.deadline_ms if self.request.deadline_ms is not None else float("inf")
-        return (self.priority, deadline, self.request.arrival_ms, self.request.id)
+        due = min(deadline, self.request.arrival_ms + self.ttft_ms)
+        return (self.priority, due, self.request.arrival_ms, self.request.id)
 
 
 @dataclass(frozen=True)
@@ -140,7 +143,7 @@ class GenerationScheduler:
         if request.id in self.waiting or request.id in self.running:
             raise ValueError(f"request {request.id!r} is already queued")
         channel = self.channels[request.channel]
-        seq = Sequence(request, channel.priority)
+        seq = Sequence(request, channel.priority, channel.ttft_ms)
         if not self.ledger.ever_fits(seq.worst_case_tokens):
             self.ledger.refused += 1
             return self._ended(seq, "too_large", now_ms)
