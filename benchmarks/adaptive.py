@@ -43,6 +43,7 @@ from benchmarks.harness import Daemon, ipc_daemon
 from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings, PolicySettings
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import DeviceModel, SimResult, simulate
+from dynbatchd.telemetry import goodput_rps, on_time_fraction
 
 SIM = "SIMULATED"
 REPO = Path(__file__).resolve().parent.parent
@@ -518,7 +519,7 @@ def summarise_replay(results: list[tuple[str, str, float]], span_s: float, slo_m
         for o, _ in sel:
             codes[o] = codes.get(o, 0) + 1
         out[channel] = {"offered": len(sel), "outcomes": codes, "on_time": on_time,
-                        "goodput_rps": on_time / span_s, "on_time_fraction": on_time / len(sel),
+                        "goodput_rps": goodput_rps(on_time, span_s), "on_time_fraction": on_time_fraction(on_time, len(sel)),
                         "p50_ms": done[len(done) // 2] if done else math.inf,
                         "p99_success_ms": done[rank - 1] if rank <= len(done) else math.inf}
     return out
@@ -554,7 +555,7 @@ def bench_azure_replay(reg: Registry, sim: dict[str, Any], quick: bool, log=prin
         on_time = sum(c["on_time"] for c in per.values())
         lags.sort()
         rows.append({"setup": setup.name, "adaptive": setup.adaptive, "channels": per,
-                     "goodput_rps": on_time / span_s, "wall_s": wall,
+                     "goodput_rps": goodput_rps(on_time, span_s), "wall_s": wall,
                      "send_lag_p99_ms": lags[int(0.99 * (len(lags) - 1))] if lags else 0.0,
                      "loadavg_before": load_before, "loadavg_after": os.getloadavg()[0],
                      "daemon": {n: {k: v for k, v in c.items() if k in ("mean_batch", "p99_ms", "completed", "expired",

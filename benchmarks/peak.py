@@ -28,7 +28,7 @@ from dynbatchd.cache import ResultCache
 from dynbatchd.config import ChannelSettings, load as load_config
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, simulate
-from dynbatchd.simulate.results import COMPLETED
+from dynbatchd.simulate.results import COMPLETED, quantile
 
 REPO = Path(__file__).resolve().parent.parent
 MS = 1_000_000
@@ -67,7 +67,7 @@ def sales_peak_arrivals(seconds: float = 60.0, hot_users: int = HOT_USERS, norma
 def p99_ms(result, indices: list[int]) -> float:
     """p99 latency of `indices`; a request refused or expired counts as slower than any answer."""
     values = sorted(result.latency_ns[i] / MS if result.outcome[i] == COMPLETED else math.inf for i in indices)
-    return values[max(0, math.ceil(0.99 * len(values)) - 1)] if values else math.nan
+    return quantile(values, 0.99) if values else math.nan
 
 
 def sales_peak(seconds: float = 60.0, cache_entries: int = CACHE_ENTRIES) -> list[dict]:

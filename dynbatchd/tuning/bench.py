@@ -24,9 +24,9 @@ from typing import Any, Callable, Sequence
 
 from dynbatchd import config as cfgmod
 from dynbatchd.simulate import Arrival, DeviceModel, poisson, read_trace_csv, simulate
-from dynbatchd.simulate.results import COMPLETED, EXPIRED
+from dynbatchd.simulate.results import COMPLETED, EXPIRED, quantile
 from dynbatchd.simulate.traces import GUIDE_MIX
-from dynbatchd.telemetry import scheduling_efficiency
+from dynbatchd.telemetry import fill_rate, on_time_fraction, scheduling_efficiency
 
 SECOND = 1_000_000_000
 MS = 1_000_000
@@ -116,9 +116,8 @@ def matrix(channel: str, model: str, *, max_batch: Sequence[int], window_ms: Seq
 
 
 def percentile(sorted_ms: Sequence[float], q: float) -> float | None:
-    if not sorted_ms:
-        return None
-    return float(sorted_ms[min(len(sorted_ms) - 1, max(0, math.ceil(q * len(sorted_ms)) - 1))])
+    """The nearest-rank quantile (`dynbatchd.simulate.quantile`), None rather than 0 when there is none."""
+    return float(quantile(sorted_ms, q)) if sorted_ms else None
 
 
 # -- simulated --------------------------------------------------------------------------------------
@@ -165,11 +164,12 @@ def _run_sim(cfg: cfgmod.Config, cell: Cell, rate: float, duration_s: float, war
     figures = Figures(
         requests=len(measured), qps=finished / duration_s, p50_ms=percentile(done, 0.50),
         p99_ms=percentile(done, 0.99), p999_ms=percentile(done, 0.999),
-        on_time=on_time / len(measured) if measured else None,
+        on_time=on_time_fraction(on_time, len(measured)) if measured else None,
         device_utilisation=result.utilisation(start, end),
         device_memory=max((device.memory_fraction(b.size, b.tokens) for b in batches), default=0.0),
-        fill_rate=sum(b.size / b.max_batch for b in batches) / len(batches) if batches else None,
-        scheduling_efficiency=min(1.0, compute / wait_plus_compute) if wait_plus_compute else None)
+        fill_rate=fill_rate(sum(b.size / b.max_batch for b in batches), len(batches)) if batches else None,
+        scheduling_efficiency=min(1.0, scheduling_efficiency(compute, wait_plus_compute - compute))
+        if wait_plus_compute else None)
     mean = sum(answered) / len(answered) if answered else math.inf
     return figures, mean
 
@@ -278,7 +278,7 @@ class LiveBench:
         b0 = before.get("channels", {}).get(self.channel, {})
         b1 = after.get("channels", {}).get(self.channel, {})
         if "fill_sum" in b1 and b1.get("batches", 0) > b0.get("batches", 0):
-            fill = (b1["fill_sum"] - b0.get("fill_sum", 0.0)) / (b1["batches"] - b0.get("batches", 0))
+            fill = fill_rate(b1["fill_sum"] - b0.get("fill_sum", 0.0), b1["batches"] - b0.get("batches", 0))
         devices = after.get("devices", [])
         util = _busy_between(before, after)
         compute = b1.get("compute_s", 0.0) - b0.get("compute_s", 0.0)
@@ -288,7 +288,7 @@ class LiveBench:
                if isinstance(d.get("gpu"), dict) and d["gpu"].get("memory_total_bytes")]
         return Figures(requests=measured, qps=len(done) / duration_s, p50_ms=percentile(done, 0.5),
                        p99_ms=percentile(done, 0.99), p999_ms=percentile(done, 0.999),
-                       on_time=on_time / measured if measured else None, device_utilisation=util,
+                       on_time=on_time_fraction(on_time, measured) if measured else None, device_utilisation=util,
                        device_memory=max(mem) if mem else None, fill_rate=fill,
                        scheduling_efficiency=efficiency, extra={"errors": dict(codes)})
 

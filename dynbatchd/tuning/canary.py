@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynbatchd.simulate import SimResult, quantile
+from dynbatchd.telemetry import on_time_fraction
 
 PROMOTE, ROLLBACK = "promote", "rollback"
 MIN_ANSWERED = 50   # requests the candidate must answer before a verdict other than rollback
@@ -36,7 +37,7 @@ class Arm:
     latencies_ns: list[int] = field(default_factory=list)
 
     def on_time_share(self) -> float:
-        return self.on_time / self.answered if self.answered else 1.0
+        return on_time_fraction(self.on_time, self.answered)
 
     def p99_ms(self) -> float:
         """p99 latency with every miss counted as +inf (as `GroupStats.p99_success_ms`): an arm

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from dynbatchd.errors import DynbatchdError
+from dynbatchd.telemetry import on_time_fraction
 
 MIN_BATCHES = 20      # as CostModel.settled: a younger cost fit can be far off
 MIN_REQUESTS = 200    # answered requests before the on-time share means anything
@@ -51,7 +52,7 @@ def over_window(before: dict[str, Any], after: dict[str, Any], seconds: float) -
         offered = c.get("offered", 0) - b.get("offered", 0)
         on_time = c.get("on_time_count", 0) - b.get("on_time_count", 0)
         out["channels"][name] = {**c, "arrival_rps": offered / seconds if seconds > 0 else 0.0,
-                                 "on_time": on_time / offered if offered > 0 else c.get("on_time", 0.0),
+                                 "on_time": on_time_fraction(on_time, offered) if offered > 0 else c.get("on_time", 0.0),
                                  "window_s": seconds}
     return out
 
