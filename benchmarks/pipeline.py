@@ -3,6 +3,7 @@
     python -m benchmarks.pipeline                          # batch 32, device 8 ms, CPU 0.125 and 0.25 ms/item
     python -m benchmarks.pipeline --cpu-ms-per-item 0.25 --device-ms 8 --batches 100
     python -m benchmarks.pipeline --live                   # also through a live daemon, 1 and 2 feeders
+    python -m benchmarks.pipeline --live --setups 1:2,1:3  # feeders:inflight pairs, side by side
 
 The simulated runner burns `cpu_ms_per_item` of real CPU per item in `prepare`
 (standing in for tokenising) and sleeps `device-ms` in `forward` (standing in
@@ -71,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live", action="store_true",
                     help="also through a live daemon (1 and 2 feeders): answered/s when offered 1.5x 1/max(stage)")
     ap.add_argument("--seconds", type=float, default=4.0, help="--live: seconds of load per run")
+    ap.add_argument("--setups", default="1:2,1:3,2:2",
+                    help="--live: feeders:inflight pairs ([devices] workers_per_device and inflight), comma-separated")
     args = ap.parse_args(argv)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     given = argv if argv is not None else sys.argv[1:]
@@ -107,9 +110,10 @@ def live(args: argparse.Namespace) -> None:
 
     print("\nLive daemon, same SIMULATED stand-in, open loop at 1.5x 32/max(stage) requests/s, "
           f"{args.seconds:g} s a run")
-    print("| CPU ms/item | feeders | offered req/s | answered ok/s | / (batch / max stage) | / (batch / sum) "
-          "| mean batch | cpu_stage_ms learned |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| CPU ms/item | feeders | inflight | offered req/s | answered ok/s | / (batch / max stage) "
+          "| / (batch / sum) | mean batch | cpu_stage_ms learned |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    setups = [tuple(int(n) for n in pair.split(":")) for pair in args.setups.split(",")]
     for cpu_ms in (float(x) for x in args.cpu_ms_per_item.split(",")):
         cpu_stage = cpu_ms * args.batch
         ceiling = args.batch * 1000 / max(cpu_stage, args.device_ms)
@@ -117,13 +121,14 @@ def live(args: argparse.Namespace) -> None:
         model = {"runner": "simulated",
                  "options": {"base_ms": args.device_ms, "per_item_ms": 0.0, "cpu_ms_per_item": cpu_ms}}
         channel = {"max_batch": args.batch, "window_ms": 5.0, "deadline_ms": 60_000.0, "queue_limit": 100_000}
-        for feeders in (1, 2):
-            with RunningDaemon(f"pipeline-{feeders}", {"sim": model}, channel, workers_per_device=feeders) as d:
+        for feeders, inflight in setups:
+            with RunningDaemon(f"pipeline-{feeders}-{inflight}", {"sim": model}, channel, inflight=inflight,
+                               workers_per_device=feeders) as d:
                 loadgen.run(d.endpoint, "sim", ceiling / 2, 1.0, seed=1)   # warm: the cost and the CPU stage
                 r = loadgen.run(d.endpoint, "sim", 1.5 * ceiling, args.seconds, drain_s=10.0, seed=2)
                 stage = d.status()["devices"][0].get("cpu_stage_ms")
             d.cleanup()
-            print(f"| {cpu_ms:g} | {feeders} | {1.5 * ceiling:.0f} | {r.achieved_rps:.0f} | "
+            print(f"| {cpu_ms:g} | {feeders} | {inflight} | {1.5 * ceiling:.0f} | {r.achieved_rps:.0f} | "
                   f"{r.achieved_rps / ceiling:.2f} | {r.achieved_rps / floor:.2f} | {r.mean_batch:.1f} | {stage} |",
                   flush=True)
 
