@@ -2,7 +2,9 @@
 
 Structure (types, ranges, unknown keys, references) is `dynbatchd.config`'s
 job; this module adds what needs the plugins: known runners (with the options
-each declares) and policies (with their options), and every compliance rule.
+each declares) and policies (with their options), the ``[plugins.NAME]`` tables
+their plugins own (`dynbatchd_config_tables`), and every compliance rule. Errors
+arrive typed (`dynbatchd.errors.OptionError`: key, rule) and leave as ConfigError.
 Nothing here builds a runner, so no model library (torch) is imported. With
 ``[daemon] curve`` on, the daemon's key files are read too (`check_curve`).
 """
