@@ -14,6 +14,7 @@ import threading
 import time
 
 import msgspec
+import pytest
 import zmq
 
 from dynbatchd import protocol as P
@@ -89,8 +90,9 @@ def reload(daemon, text: str) -> tuple[dict, float, float]:
     return result, before, time.monotonic()
 
 
-def test_reload_adds_and_removes_models_and_channels_under_load(tmp_path):
-    daemon = start_daemon(tmp_path, body("ac", "xz", "x"))
+@pytest.mark.parametrize("feeders", [1, 2])
+def test_reload_adds_and_removes_models_and_channels_under_load(tmp_path, feeders):
+    daemon = start_daemon(tmp_path, body("ac", "xz", "x"), devices_extra=f"workers_per_device = {feeders}")
     head = daemon.config.read_text().split("[models.")[0]
     load = Load(daemon.endpoint)
     load.start()

@@ -1,0 +1,70 @@
+"""The daemon's side of a reload that adds and removes models (`dynbatchd.membership`), with the
+real engine, a fake clock and a fake device pool: an added model is loading until a worker has it;
+a removed one stays on the workers until no request of it is queued or running; a pool that
+cannot load models live (Ray) reports models as needing a restart."""
+
+from __future__ import annotations
+
+from dynbatchd import config as cfgmod
+from dynbatchd.engine import Job
+from dynbatchd.membership import Membership, model_specs
+
+from test_engine import MS, Clients, engine, ok_outcome
+
+
+def config(*models: str, runner: str = "noop"):
+    return cfgmod.parse({"models": {m: {"runner": runner} for m in models},
+                         "channels": {"c": {"max_batch": 1, "window_ms": 0, "deadline_ms": 10_000}},
+                         "routing": {"default": "c"}}, "test")
+
+
+class FakePool:
+    def __init__(self):
+        self.asked: list[list[str]] = []
+        self.has: set[str] = set()
+
+    def set_models(self, specs):
+        self.asked.append([s.name for s in specs])
+
+    def loaded(self, model):
+        return model in self.has
+
+
+class Daemon(Membership):
+    def __init__(self, cfg, pool):
+        self.config, self.pool, self.devices = cfg, pool, ["cpu"]
+        self.model_specs = model_specs(cfg)   # as the daemon sets it at start
+        self.engine = engine(inflight=1, max_batch=1)
+
+
+def test_an_added_model_loads_and_a_removed_one_waits_for_its_requests():
+    pool, clients = FakePool(), Clients()
+    old, new = config("a", "gone"), config("a", "b")
+    d = Daemon(old, pool)
+    d.engine.submit(Job("gone", "c", 1, 10_000, "g1"), 0)   # accepted before the reload
+    d.config = new
+    d._change_models(old, new)
+    assert d.loading_models == {"b"} and d.unloading_models == {"gone"}
+    assert pool.asked == [["a", "b", "gone"]]   # the removed model stays loaded meanwhile
+    pool.has = {"a", "b", "gone"}
+    d._models_loaded()
+    assert not d.loading_models
+    d._unload_drained_models()
+    assert d.unloading_models == {"gone"}       # g1 still queued
+    dispatches, _ = d.engine.step(0)
+    d._unload_drained_models()
+    assert d.unloading_models == {"gone"}       # g1 running
+    clients.take(d.engine.completed(0, dispatches[0].batch.id, ok_outcome(dispatches[0].batch), MS))
+    d._unload_drained_models()
+    assert not d.unloading_models and pool.asked[-1] == ["a", "b"]
+    assert clients.codes() == {"g1": "ok"}
+
+
+def test_models_need_a_restart_only_on_a_pool_that_cannot_load_them_or_when_settings_change():
+    live = Daemon(config("a"), FakePool())
+    assert not live._models_need_restart(config("a"), config("a", "b"))
+    assert live._models_need_restart(config("a"), config("a", runner="simulated"))
+    ray = Daemon(config("a"), object())   # no set_models
+    assert ray._models_need_restart(config("a"), config("a", "b"))
+    assert Membership._membership(config("a", "gone"), config("a", "b")) == (
+        {"channels": [], "models": ["b"]}, {"channels": [], "models": ["gone"]})
