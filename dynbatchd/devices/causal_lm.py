@@ -1,7 +1,7 @@
 """The `causal-lm` runner: a Hugging Face decoder, stepped one token boundary at a time.
 
 Continuous batching needs a runner that works per iteration, not per request: `add` a sequence,
-`prefill` the new ones (each builds its own KV cache), `decode_step` the running set (one token
+`prefill` the new ones (batched; each keeps its own KV cache), `decode_step` the running set (one token
 each, batched), `remove` or `preempt` one at a token boundary (its KV is dropped at once). Each
 sequence keeps its KV as its own per-layer tensors; a decode step left-pads them to the longest,
 masks the padding and gives every sequence its own position, so a batched step computes the same
@@ -128,19 +128,29 @@ class CausalLMRunner(Runner):
     # -- one iteration -------------------------------------------------------------------------
     def prefill(self, seq_ids: list[str] | tuple[str, ...]) -> list[TokenEvent]:
         """Build each sequence's KV over its prompt (and, after preemption, its output so far) and
-        produce its next token. One forward per sequence: exact, and prompts need no padding."""
+        produce its next token: one forward over the prompts left-padded to the longest, masked,
+        each with its own positions; the padding's KV is cut off after."""
         import torch
         from transformers import DynamicCache
 
-        events = []
+        if not seq_ids:
+            return []
+        seqs = [self.sequences[i] for i in seq_ids]
+        contexts = [s.prompt_ids + s.generated for s in seqs]
+        longest = max(map(len, contexts))
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        ids = torch.tensor([[pad_id] * (longest - len(c)) + c for c in contexts], device=self.device)
+        mask = torch.tensor([[0] * (longest - len(c)) + [1] * len(c) for c in contexts], device=self.device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
         with torch.inference_mode():
-            for seq_id in seq_ids:
-                seq = self.sequences[seq_id]
-                ids = torch.tensor([seq.prompt_ids + seq.generated], device=self.device)
-                cache = DynamicCache()
-                out = self.model(input_ids=ids, cache=cache, use_cache=True)   # the cache fills in place
-                seq.kv = [(layer.keys, layer.values) for layer in cache.layers]
-                events.append(self._next(seq_id, seq, out.logits[0, -1]))
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache, use_cache=True)
+        events = []
+        for row, (seq_id, seq) in enumerate(zip(seq_ids, seqs)):
+            pad = longest - len(contexts[row])
+            seq.kv = [(layer.keys[row:row + 1, :, pad:].clone(), layer.values[row:row + 1, :, pad:].clone())
+                      for layer in cache.layers]
+            events.append(self._next(seq_id, seq, out.logits[row, -1]))
         return events
 
     def decode_step(self, seq_ids: list[str] | tuple[str, ...]) -> list[TokenEvent]:
