@@ -1,0 +1,127 @@
+"""A channel's batch planner: `form` cuts a ready lane's batch, `_planned_first` picks its
+requests (the queue in deadline order cut into full batches; sizes planned where tokens outweigh
+the per-batch cost; long requests kept to their share). A base of `Channel`.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+from dynbatchd.scheduler.lanes import Batch, Item, Lane
+
+
+class Planning:
+    """`Channel`'s batch forming and planning; the state it reads is set in `Channel.__init__`."""
+
+    def form(self, lane: Lane, batch_id: int, now_ns: int, start_ns: int | None = None,
+             budget_ns: int | None = None) -> Batch:
+        """Cut a batch from `lane` that will start at `start_ns` (default now).
+
+        Where request sizes matter (`_sizes_matter`), the first batch of a plan
+        of the queue that gets the most requests done in time (`_planned_first`:
+        deadline order, full batches, the largest request dropped from the plan
+        while its last batch would be late). Otherwise earliest deadline first,
+        up to the size and token caps. A batch
+        never runs longer than `budget_ns` (by the learned cost) but for its first request:
+        what a channel of higher priority can wait for.
+        """
+        limit = self.sizer.max_batch()
+        cap = self.settings.max_tokens
+        start = now_ns if start_ns is None else start_ns
+        picked = None
+        if len(lane) > 1 and not self.settings.run_late and not lane.heap[0][2].retries and self._sizes_matter(lane):
+            picked = self._planned_first(lane, start, limit, cap, self.long_share.owed(), budget_ns)
+        if picked:
+            items = lane.take(picked)
+            tokens = sum(item.tokens for item in items)
+            _, per_item, per_token = self.cost.coefficients()
+            self.long_share.served([i.tokens for i in items], [per_item + per_token * i.tokens for i in items])
+        else:
+            items, tokens = [], 0
+            estimate = self.cost.estimate_ns
+            while lane.heap and len(items) < limit:
+                nxt = lane.heap[0][2]
+                if items and ((cap and tokens + nxt.tokens > cap) or nxt.retries or items[0].retries):
+                    break   # a request whose worker died under it runs alone: one poison input kills only itself
+                if items and budget_ns is not None and estimate(len(items) + 1, tokens + nxt.tokens) > budget_ns:
+                    break
+                items.append(lane.pop())
+                tokens += nxt.tokens
+        lane.prune()
+        if not lane.heap:
+            self._forget_empty()
+        self.depth -= len(items)
+        self._rate = self.drain_rate(now_ns) + len(items) / self.RATE_TAU_NS
+        self._rate_at = now_ns
+        if self.depth < limit:   # what is left fits one batch: not backlogged
+            self._backlogged_since = None
+        stats = self.stats
+        if lane.warmup:   # optional work: it must not flatter or spoil the live fill figures
+            stats.warmup_batches += 1
+            stats.warmup_items += len(items)
+        else:
+            stats.batches += 1
+            stats.batched_items += len(items)
+            stats.batch_sizes[len(items)] = stats.batch_sizes.get(len(items), 0) + 1
+            stats.fill_sum += len(items) / limit
+            for item in items:
+                stats.wait_ns += now_ns - item.arrival_ns
+        return Batch(batch_id, self.name, lane.model, items, now_ns, limit, tokens)
+
+    def _tokens_outweigh(self, mean_tokens: float) -> bool:
+        """Whether a request of `mean_tokens` costs more device time by its tokens than by itself
+        (else, e.g. for a no-op model, planning by size would cost more than it saves)."""
+        _, per_item, per_token = self.cost.coefficients()
+        return per_token * mean_tokens > per_item
+
+    def plans_by_size(self) -> bool:
+        """Whether this channel's batches are planned by request size (`_planned_first`), by the
+        mean request it has accepted."""
+        return self._tokens_outweigh(self.mean_tokens)
+
+    def _sizes_matter(self, lane: Lane) -> bool:
+        """Whether planning `lane` by size can pay, by its mean queued request."""
+        return self._tokens_outweigh(lane.tokens / len(lane))
+
+    PLAN_BATCHES = 8   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn)
+
+    def _planned_first(self, lane: Lane, start: int, limit: int, cap: int, long_first: bool = False,
+                       budget_ns: int | None = None) -> list[Item]:
+        """The first batch of a plan that gets the most requests done in time (Moore and Hodgson's
+        rule, for batches): take the queue in deadline order, cut it into full batches run one
+        after another from `start` (by the learned cost); whenever the last planned batch would
+        end past the earliest deadline in it, drop the largest request planned so far (it costs
+        the most device time, so dropping it saves the most for the others) and plan on. The
+        batch to run now is the plan's first. A dropped request is not refused: it waits, and a
+        later plan may still fit it, or `expire` answers it. While long requests are owed their
+        floor of device time (`long_first`, `LongShare`), a short request is dropped before any
+        long one. Requests that cannot make it even alone are left for `expire`; a retried
+        request is never planned (it runs alone)."""
+        base, per_item, per_token = self.cost.coefficients()
+        is_long = self.long_share.is_long
+        kept: list[Item] = []
+        tokens = 0
+        for deadline, _, item in heapq.nsmallest(self.PLAN_BATCHES * limit, lane.heap):
+            if item.retries or start + base + per_item + per_token * item.tokens > deadline:
+                continue
+            kept.append(item)
+            tokens += item.tokens
+            while kept:   # (never emptied: a request feasible alone, or the plan before it, fits)
+                count = len(kept)
+                batches = -(-count // limit)
+                end = start + base * batches + per_item * count + per_token * tokens
+                if end <= kept[(batches - 1) * limit].deadline_ns:
+                    break
+                drop = max(range(count), key=(lambda i: (not is_long(kept[i].tokens), kept[i].tokens)) if long_first
+                           else (lambda i: kept[i].tokens))
+                tokens -= kept.pop(drop).tokens
+        chosen: list[Item] = []
+        tokens = 0
+        for item in kept:   # the first batch, within the token cap and the time budget
+            if len(chosen) == limit or (cap and tokens + item.tokens > cap):
+                break
+            if chosen and budget_ns is not None and self.cost.estimate_ns(len(chosen) + 1, tokens + item.tokens) > budget_ns:
+                break
+            chosen.append(item)
+            tokens += item.tokens
+        return chosen
