@@ -28,7 +28,7 @@ from dynbatchd import config as cfgmod
 from dynbatchd.client import DynbatchdError, control_call
 from dynbatchd.config import ConfigError
 from dynbatchd.plugins import Plugins
-from dynbatchd.simulate import Arrival, DeviceModel, poisson, simulate
+from dynbatchd.simulate import Arrival, DeviceModel, poisson, run_config
 from dynbatchd.tuning.collector import MIN_BATCHES
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.validation import validate_config
@@ -92,12 +92,8 @@ def plan_channels(cfg: cfgmod.Config, status: dict[str, Any], duration_s: float,
     duration_s = min(duration_s, MAX_ARRIVALS / rate)
     arrivals = observed_traffic(channels, duration_s, seed)
     devices = max(1, len(status["devices"]))
-    kw = dict(device=device, devices=devices, inflight=cfg.devices.inflight,
-              queue_lead_ms=cfg.devices.queue_lead_ms, window_policies=plugins.window_policies(),
-              sizers=plugins.batch_sizers())
-
     def run(config: cfgmod.Config) -> Any:
-        return simulate(config.channels, arrivals, **kw)
+        return run_config(config, plugins, arrivals, [device] * devices)
 
     baseline = run(cfg)
     plan: dict[str, Any] = {"simulated": True, "device_model": device.options(), "devices": devices,

@@ -11,17 +11,17 @@ import json
 import random
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
 from dynbatchd import config as cfgmod
-from dynbatchd.devices.runners import simulated_options
 from dynbatchd.errors import DynbatchdError
 from dynbatchd.plugins import Plugins
-from dynbatchd.simulate import Arrival, DeviceModel, mix_tokens, poisson, read_trace_csv, simulate as run_simulation
+from dynbatchd.simulate import (Arrival, DeviceModel, config_device, mix_tokens, poisson, read_trace_csv, run_config,
+                                simulated_model_options)
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.validation import validate_config
 
@@ -54,18 +54,14 @@ def device_models(cfg: cfgmod.Config, base_ms: float | None, per_item_ms: float 
     the command line over both. The devices are `[devices] use` when it names them (a list), else
     those the ``devices`` table names, else one; `count` (--devices) takes the first N of those
     and adds devices with the shared options past them."""
-    options: dict[str, Any] = {}
-    for model in cfg.models.values():
-        if model.runner == "simulated":
-            options = dict(model.options)
-            break
+    options = simulated_model_options(cfg)
     overrides = {key: value for key, value in (("base_ms", base_ms), ("per_item_ms", per_item_ms),
                                                ("per_token_ms", per_token_ms)) if value is not None}
     use = cfg.devices.use
     names = list(use) if isinstance(use, list) else sorted(options.get("devices", {})) or ["cpu"]
     if count is not None:
         names = (names + [f"sim:{i}" for i in range(len(names), count)])[:count]
-    models = [DeviceModel.from_options({**simulated_options(options, name), **overrides}) for name in names]
+    models = [config_device(cfg, device=name, **overrides) for name in names]
     return names, models
 
 
@@ -113,10 +109,7 @@ def simulate(ctx: typer.Context,
         raise typer.Exit(2)
     names, models = device_models(cfg, base_ms, per_item_ms, per_token_ms, devices)
     model = models[0]
-    result = run_simulation(cfg.channels, arrivals, device=models, devices=len(models),
-                            inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms,
-                            window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(),
-                            routing=cfg.routing, plugins=plugins)
+    result = run_config(cfg, plugins, arrivals, models)
     per = result.stats("channel")
     data = {
         "simulated": True, "config": str(path), "devices": len(models), "device_model": model.options(),

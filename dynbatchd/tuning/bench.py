@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from dynbatchd import config as cfgmod
-from dynbatchd.simulate import Arrival, DeviceModel, poisson, read_trace_csv, simulate
+from dynbatchd.simulate import Arrival, DeviceModel, config_device, poisson, read_trace_csv, run_config
 from dynbatchd.simulate.results import COMPLETED, EXPIRED, quantile
 from dynbatchd.simulate.traces import GUIDE_MIX
 from dynbatchd.telemetry import fill_rate, on_time_fraction, scheduling_efficiency
@@ -125,10 +125,7 @@ def percentile(sorted_ms: Sequence[float], q: float) -> float | None:
 def device_model_of(cfg: cfgmod.Config, model: str) -> DeviceModel:
     """The simulated device for `model`: its own options when it is a simulated model, else the
     config's first simulated model's, else the simulator's defaults."""
-    chosen = cfg.models.get(model)
-    if chosen is None or chosen.runner != "simulated":
-        chosen = next((m for m in cfg.models.values() if m.runner == "simulated"), None)
-    return DeviceModel.from_options(dict(chosen.options) if chosen is not None else {})
+    return config_device(cfg, model)
 
 
 def _arrivals(cell: Cell, rate: float, span_s: float, tokens: Callable[[], int], seed: int) -> list[Arrival]:
@@ -141,16 +138,10 @@ def _run_sim(cfg: cfgmod.Config, cell: Cell, rate: float, duration_s: float, war
              device: DeviceModel, seed: int, plugins: Any) -> tuple[Figures, float]:
     """One open-loop simulation of `cell` at `rate`; its figures and the mean latency (ms) of what
     was answered in the measured span."""
-    channels = dict(cfg.channels)
-    channels[cell.channel] = cfgmod.with_channel(cfg, cell.channel, max_batch=cell.max_batch,
-                                                 window_ms=cell.window_ms).channels[cell.channel]
+    cell_cfg = cfgmod.with_channel(cfg, cell.channel, max_batch=cell.max_batch, window_ms=cell.window_ms)
     tokens = token_sampler(cell.mix, cell.trace, seed)
     arrivals = _arrivals(cell, rate, warmup_s + duration_s, tokens, seed)
-    kw: dict[str, Any] = {}
-    if plugins is not None:
-        kw = dict(window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(), plugins=plugins)
-    result = simulate(channels, arrivals, device=device, inflight=cfg.devices.inflight,
-                      queue_lead_ms=cfg.devices.queue_lead_ms, **kw)
+    result = run_config(cell_cfg, plugins, arrivals, device)
     start, end = int(warmup_s * SECOND), int((warmup_s + duration_s) * SECOND)
     measured = [i for i, a in enumerate(result.arrivals) if start <= a.at_ns < end]
     done = sorted(result.latency_ns[i] / MS for i in measured if result.outcome[i] == COMPLETED)
