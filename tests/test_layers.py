@@ -22,17 +22,10 @@ KNOWN_BIG = {   # module -> why it may still be over MAX_LINES (issue 25: split 
     "dynbatchd.engine": "issue 25: the engine is being split into engine/ (core, placement, canary, intake, events)",
     "dynbatchd.service": "issue 25: on_request becomes a short translator to the engine's intake",
     "dynbatchd.operations": "issue 25: Operations composed, not a mixin",
-    "dynbatchd.transport": "issue 25: transport split by job",
-    "dynbatchd.client": "issue 25: client split by job",
-    "dynbatchd.telemetry": "issue 25: NVML out of telemetry",
-    "dynbatchd.scheduler.windows": "issue 25: window policies get one home",
-    "dynbatchd.scheduler.channel": "issue 25: channel split by job",
     "dynbatchd.devices.runners": "issue 25: built-in runners own their code",
-    "plugins.http": "issue 25: the HTTP door split by job",
 }
 KNOWN_CIRCLES = {   # a module of each circle other changes are breaking -> why
     frozenset({"dynbatchd.devices.pool", "dynbatchd.devices.ray_pool"}): "issue 25: devices/pool <-> ray_pool",
-    frozenset({"dynbatchd.service", "dynbatchd.listeners", "dynbatchd.doors"}): "issue 25: service <-> listeners <-> doors",
 }
 # Leaves the scheduler may import: modules that import nothing of ours themselves (checked below), so
 # they sit under the scheduler (telemetry's ChannelStats, the counters a channel keeps).
