@@ -446,6 +446,9 @@ class Engine:
         is answered as usual, and step() then drops it (as it drops an ended canary's twin)."""
         if name in self.channels:
             self.retiring.add(name)
+        if name == self.warmup_channel:   # warmup is optional work: its backlog goes with the channel
+            self.warmup_backlog.clear()
+            self.warmup_channel = None
 
     def holds_model(self, model: str) -> bool:
         """Whether a request for `model` is still queued, running or in the warmup backlog: a model

@@ -97,3 +97,12 @@ def test_device_limits_are_set_again_per_device():
     assert [d["batch_limit"]["items"] for d in e.snapshot(0)["devices"]] == [8, 4]
 
 
+
+
+def test_removing_the_warmup_channel_drops_the_optional_backlog():
+    e = engine(inflight=1, max_batch=1)
+    e.add_warmup([Job("m", "c", 1, 0, f"w{i}", cache_key=("m", None, f"w{i}")) for i in range(3)], "c")
+    assert e.warmup_backlog
+    e.retire_channel("c")
+    assert not e.warmup_backlog and e.warmup_channel is None
+    e.step(0)   # nothing fed to a channel that is going
