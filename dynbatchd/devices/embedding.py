@@ -26,8 +26,10 @@ def length_buckets(value: Any) -> str | None:
 def has_cuda_device() -> bool:
     """Whether this machine shows an NVIDIA GPU, asked without importing torch (the config check runs
     in the daemon, which never loads a model library)."""
-    return os.path.exists("/dev/nvidia0") or bool(os.listdir("/proc/driver/nvidia/gpus")
-                                                   if os.path.isdir("/proc/driver/nvidia/gpus") else [])
+    try:
+        return os.path.exists("/dev/nvidia0") or bool(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return False
 
 
 def compile_mode(value: Any) -> str | None:
@@ -62,9 +64,11 @@ class SentenceEmbeddingRunner(StagedRunner):
 
     compile (default "off"): "torch-compile" runs the encoder through
     ``torch.compile`` (the batch axis dynamic, the token axis one shape per
-    length bucket); "cuda-graphs" also captures each shape as a CUDA graph
-    (``mode="reduce-overhead"``; CUDA only) and pads batch sizes to a power of
-    two so that few graphs are kept. length_buckets (default 16, 32, 64, 128,
+    length bucket); "cuda-graphs" (CUDA only) captures the eager encoder and
+    pooling as one CUDA graph per shape, batch sizes padded to a power of two
+    so that few graphs are kept (captured by hand, not through torch.compile's
+    ``reduce-overhead``, whose graph trees are per thread: the pipelined
+    worker's device thread is not the one that loads). length_buckets (default 16, 32, 64, 128,
     256, cut at max_tokens, which is always the last) are the token lengths a
     batch is padded up to when compile is on, so few shapes are compiled; each
     is warmed at load, which makes the load slower (tens of seconds on a CPU).
@@ -109,10 +113,9 @@ class SentenceEmbeddingRunner(StagedRunner):
         self.tokenizer = AutoTokenizer.from_pretrained(str(path))
         model = AutoModel.from_pretrained(str(path))   # (then cast: older transformers lack `dtype=`)
         self.model = model.to(device=self.device, dtype=getattr(torch, dtype)).eval()
-        self.encoder = self.model
-        if self.compile != "off":
-            self.encoder = torch.compile(self.model, mode="reduce-overhead" if self.compile == "cuda-graphs"
-                                         else None)
+        self.encoder = torch.compile(self.model) if self.compile == "torch-compile" else self.model
+        self.graphs: dict[tuple[int, int], tuple[Any, dict[str, Any], Any]] = {}   # shape -> graph, inputs, output
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.compile == "cuda-graphs" else None
         self.run(["warm up the kernels"] * 2, [4, 4])
         for length in self.buckets:   # two batch sizes each: the second compiles the batch axis dynamic
             for rows in (2, 4):
@@ -149,12 +152,12 @@ class SentenceEmbeddingRunner(StagedRunner):
             raise OutOfMemory(str(exc).splitlines()[0]) from None
 
     def _pad_to_bucket(self, enc: dict[str, Any]) -> dict[str, Any]:
-        """Pad the token axis up to its length bucket (and, for CUDA graphs, the batch axis up to a
-        power of two) with masked positions, so the compiled encoder sees few shapes. `finish`
-        drops the padding rows."""
+        """Pad the token axis up to its length bucket and the batch axis to at least 2 rows (for CUDA
+        graphs, to a power of two) with masked positions, so the compiled encoder sees few shapes.
+        `_embed` drops the padding rows."""
         pad = self.torch.nn.functional.pad
         rows, length = enc["input_ids"].shape
-        more_rows = batch_bucket(rows) - rows
+        more_rows = (batch_bucket(rows) if self.graph_pool is not None else max(rows, 2)) - rows
         more_tokens = bucket(length, self.buckets) - length
         fill = {"input_ids": self.tokenizer.pad_token_id or 0}
         out = {k: pad(v, (0, more_tokens, 0, more_rows), value=fill.get(k, 0)) for k, v in enc.items()}
@@ -163,13 +166,39 @@ class SentenceEmbeddingRunner(StagedRunner):
 
     def _embed(self, enc: dict[str, Any]) -> Any:
         rows = enc.pop("rows", None)
+        pooled = self._replay(enc) if self.graph_pool is not None else self._pool(enc)
+        return pooled[:rows] if rows is not None else pooled
+
+    def _replay(self, enc: dict[str, Any]) -> Any:
+        """The encoder and pooling as a CUDA graph of this shape (captured on first sight, sharing one
+        memory pool). Its output is overwritten by the next replay: `forward` copies it back first,
+        on the same stream."""
+        torch = self.torch
+        shape = tuple(enc["input_ids"].shape)
+        if shape not in self.graphs:
+            static = {k: v.clone() for k, v in enc.items()}
+            side = torch.cuda.Stream()   # warm up off the capture, as torch.cuda.graph asks
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                self._pool(static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool, capture_error_mode="thread_local"):
+                output = self._pool(static)
+            self.graphs[shape] = (graph, static, output)
+        graph, static, output = self.graphs[shape]
+        for key, value in enc.items():
+            static[key].copy_(value, non_blocking=True)
+        graph.replay()
+        return output
+
+    def _pool(self, enc: dict[str, Any]) -> Any:
         if self.compile == "torch-compile":
             self.torch._dynamo.maybe_mark_dynamic(enc["input_ids"], 0)   # a graph per length bucket
         hidden = self.encoder(**enc).last_hidden_state.float()   # pooled in float32 whatever the dtype
         mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        pooled = self.torch.nn.functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
-        return pooled[:rows] if rows is not None else pooled
+        return self.torch.nn.functional.normalize(pooled, p=2, dim=1) if self.normalize else pooled
 
     def finish(self, output):
         if isinstance(output, tuple):
