@@ -3,8 +3,9 @@
 ``fixed``: the channel's window_ms; ``ewma``: the smoothed inter-arrival gap;
 ``pattern``: burst / steady / mixed traffic classes; ``tiered``: a window per
 request-size (or queue-depth) tier; ``slo``: waits only while a fuller batch
-lowers expected latency and the earliest deadline holds. Options and rules:
-`dynbatchd.scheduler.windows`.
+lowers expected latency and the earliest deadline holds; ``bandit``: learns the window online.
+Options and rules: `dynbatchd.scheduler.windows`, the policies' one home (this plugin only
+registers its table).
 """
 
 from __future__ import annotations

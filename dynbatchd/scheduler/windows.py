@@ -17,9 +17,9 @@ factories apply the same bound, so ``describe()`` shows the window in force: a
 configured figure above ``window_ms`` acts as ``window_ms``.
 
 Every built-in policy has one home, in the scheduler (``fixed`` in `dynbatchd.scheduler.policies`,
-``ewma`` and ``pattern`` in `arrivalwindows`, ``tiered`` and ``slo`` in `targetwindows`): the
-scheduler and the simulator build channels without plugins, and the scheduler imports nothing
-above it. `factories` is the table; the built-in ``windows`` plugin registers it, as any plugin
+``ewma`` and ``pattern`` in `arrivalwindows`, ``tiered`` and ``slo`` in `targetwindows`, ``bandit``
+in `banditwindow`, no longer in plugins/): the scheduler and the simulator build channels without
+plugins, and the scheduler imports nothing above it. `factories` is the table; the built-in ``windows`` plugin registers it, as any plugin
 registers its own.
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Any
 
 from dynbatchd.scheduler.arrivalwindows import EwmaWindow, PatternWindow
+from dynbatchd.scheduler.banditwindow import BanditWindow
 from dynbatchd.scheduler.policies import FixedWindow
 from dynbatchd.scheduler.targetwindows import DEFAULT_TIERS, SloWindow, TieredWindow  # noqa: F401
 from dynbatchd.scheduler.windowkit import SECOND, _where  # noqa: F401  (re-exported)
@@ -37,4 +38,4 @@ def factories() -> dict[str, Any]:
     """Name → factory of every built-in window policy, for the built-in windows plugin (and for
     `build_channels` when it is given no registry)."""
     return {"fixed": FixedWindow.factory, "ewma": EwmaWindow.factory, "pattern": PatternWindow.factory,
-            "tiered": TieredWindow.factory, "slo": SloWindow.factory}
+            "tiered": TieredWindow.factory, "slo": SloWindow.factory, "bandit": BanditWindow.factory}
