@@ -121,6 +121,7 @@ def test_the_one_shot_run_answers_each_input_with_its_text(runner):
     texts = runner.run([PROMPTS[0], PROMPTS[2]], [4, 1])
     assert texts == [runner.tokenizer.decode(alone(runner, p)) for p in (PROMPTS[0], PROMPTS[2])]
     assert not runner.sequences
+    assert runner.check("w1") is None and runner.check("  ") and runner.check([1, 2])
 
 
 def test_options_are_checked_without_loading(model_dir, tmp_path):

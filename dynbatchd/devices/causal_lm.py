@@ -86,6 +86,12 @@ class CausalLMRunner(Runner):
         self.model.to(self.device).eval()
         self.eos = self.model.config.eos_token_id
 
+    def check(self, item: Any) -> str | None:
+        """A prompt is text; an empty one has nothing to continue."""
+        if not isinstance(item, str) or not item.strip():
+            return "causal-lm takes a non-empty prompt string"
+        return None
+
     # -- sequences in and out ----------------------------------------------------------------
     def encode(self, prompt: str) -> list[int]:
         return list(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
