@@ -72,14 +72,16 @@ def simulated(requests: int, rates: list[float]) -> bool:
                   f"{s['tokens_per_s']:>8,.0f} {s['preemptions']:>8} "
                   f"{s['kv_peak_bytes'] / s['kv_budget_bytes']:>8.0%} {s['kv_over_budget']:>5}"
                   + (f" {ratio:>6.1f}x" if mode == "continuous" else ""))
-    k12 = simulate_generation(k12_workload(requests, rate_per_s=rates[-1], seed=7), K12_CHANNELS, mode="continuous",
-                              kv_budget_tokens=budget_tokens, bytes_per_token=per_token, latency=latency)
-    chat = [f for f in k12.finished if f.channel == "chat"]
-    grading = [f for f in k12.finished if f.channel == "grading"]
-    print(f"K12 at {rates[-1]:g} req/s (continuous): chat met targets {sum(map(k12.met, chat))}/{len(chat)}, "
-          f"grading {sum(map(k12.met, grading))}/{len(grading)}, preemptions {k12.preemptions}, "
-          f"KV peak {k12.kv['kv_peak_bytes'] / k12.kv['kv_budget_bytes']:.0%} of budget, "
-          f"over budget {k12.kv['kv_over_budget']}")
+    for guard in (False, True):
+        k12 = simulate_generation(k12_workload(requests, rate_per_s=rates[-1], seed=7), K12_CHANNELS,
+                                  mode="continuous", kv_budget_tokens=budget_tokens, bytes_per_token=per_token,
+                                  latency=latency, tpot_guard=guard)
+        chat = [f for f in k12.finished if f.channel == "chat"]
+        grading = [f for f in k12.finished if f.channel == "grading"]
+        print(f"K12 at {rates[-1]:g} req/s (continuous, TPOT guard {'on' if guard else 'off'}): chat met targets "
+              f"{sum(map(k12.met, chat))}/{len(chat)}, grading {sum(map(k12.met, grading))}/{len(grading)}, "
+              f"preemptions {k12.preemptions}, KV peak {k12.kv['kv_peak_bytes'] / k12.kv['kv_budget_bytes']:.0%} "
+              f"of budget, over budget {k12.kv['kv_over_budget']}")
     print(f"bar: continuous >= 2x static goodput at every rate: {'PASS' if passed else 'FAIL'}")
     return passed
 

@@ -145,6 +145,20 @@ def test_prefill_per_step_is_capped_but_one_long_prompt_runs_alone():
     assert [p.prefill for p in plans] == [("r0",), ("r1",), ("r2",)]
 
 
+def test_a_lower_class_prefill_waits_while_it_would_break_a_higher_class_tpot():
+    cost = lambda prefill, decoding: 10.0 + 0.05 * prefill           # noqa: E731
+    sched = scheduler(100_000, step_cost_ms=cost)
+    sched.submit(GenRequest("rt", "realtime", 10, 4), 0.0)          # realtime TPOT target 50 ms
+    now, _, _ = run_steps(sched, 0.0, 1)
+    sched.submit(GenRequest("big", "bulk", 1000, 2), now)           # 60 ms step: would break it
+    sched.submit(GenRequest("rt2", "realtime", 100, 2), now)        # same class: 15 ms, fine
+    now, plans, _ = run_steps(sched, now, 1)
+    assert plans[0].prefill == ("rt2",) and "big" in sched.waiting and sched.held_for_tpot >= 1
+    now, plans, ends = run_steps(sched, now, 3)
+    assert {e.id for e in ends} == {"rt", "rt2"}
+    assert ("big",) in [p.prefill for p in plans]                  # once no realtime token waits on it
+
+
 def test_static_mode_admits_no_joins_and_holds_the_batch_to_its_longest_member():
     sched = scheduler(10_000, mode="static")
     sched.submit(GenRequest("short", "bulk", 5, 2), 0.0)
@@ -177,6 +191,9 @@ def test_k12_grading_waits_for_room_and_never_breaks_the_budget():
     assert report.kv["kv_peak_bytes"] <= 40_000 and report.kv["kv_over_budget"] == 0
     chat = [f for f in report.finished if f.channel == "chat"]
     assert sum(report.met(f) for f in chat) >= 0.9 * len(chat)
+    guarded = simulate_generation(reqs, channels, mode="continuous", kv_budget_tokens=40_000, tpot_guard=True)
+    assert guarded.kv["kv_over_budget"] == 0 and len(guarded.finished) == 300
+    assert sum(guarded.met(f) for f in guarded.finished if f.channel == "chat") >= sum(report.met(f) for f in chat)
 
 
 def test_unknown_mode_is_an_error():

@@ -15,6 +15,10 @@ with `complete(plan, now, stopped)`. Between steps requests join (`submit`) and 
   are evicted (KV freed) and requeued; they later prefill their prompt plus the tokens they had.
 - Prefill and decode share a step; `max_prefill_tokens` caps the prefill a step carries, so that
   running sequences' time per output token stays bounded (a single longer prompt still runs alone).
+  Given `step_cost_ms` (an estimate of a step from its prefill tokens and decoding sequences), a
+  request's prefill also waits while it would make the step longer than the `tpot_ms` of a
+  running sequence of a higher class, until it must start to make its own first-token due
+  time: a lower class slows a higher one's tokens only when it would otherwise miss its TTFT.
 - Deadlines: a request still waiting or running at its deadline ends `deadline_exceeded` and
   frees its KV at once, as does `cancel`.
 - ``mode="static"`` is request-level batching, kept for comparison: a batch is admitted only when
@@ -24,7 +28,7 @@ with `complete(plan, now, stopped)`. Between steps requests join (`submit`) and 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 from dynbatchd.generation.kv import KVLedger
 
@@ -79,6 +83,7 @@ class Sequence:
     request: GenRequest
     priority: int
     ttft_ms: float = float("inf")
+    tpot_ms: float = float("inf")
     generated: int = 0
     first_token_ms: float | None = None
     admitted_at: int = 0                 # admission order, for choosing preemption victims
@@ -127,10 +132,12 @@ class GenerationScheduler:
     mode: str = "continuous"
     max_batch: int = 64
     max_prefill_tokens: int = 4096
+    step_cost_ms: Callable[[int, int], float] | None = None   # (prefill tokens, decoding) -> ms
     waiting: dict[str, Sequence] = field(default_factory=dict)
     running: dict[str, Sequence] = field(default_factory=dict)
     steps: int = 0
     preemptions: int = 0
+    held_for_tpot: int = 0
     _admissions: int = 0
 
     def __post_init__(self) -> None:
@@ -143,7 +150,7 @@ class GenerationScheduler:
         if request.id in self.waiting or request.id in self.running:
             raise ValueError(f"request {request.id!r} is already queued")
         channel = self.channels[request.channel]
-        seq = Sequence(request, channel.priority, channel.ttft_ms)
+        seq = Sequence(request, channel.priority, channel.ttft_ms, channel.tpot_ms)
         if not self.ledger.ever_fits(seq.worst_case_tokens):
             self.ledger.refused += 1
             return self._ended(seq, "too_large", now_ms)
@@ -167,7 +174,7 @@ class GenerationScheduler:
         ended = self._expire(now_ms)
         if self.mode == "static":
             return self._plan_static(ended)
-        preempted = self._admit_continuous()
+        preempted = self._admit_continuous(now_ms)
         return self._make_plan(ended, preempted)
 
     def complete(self, plan: StepPlan, now_ms: float, stopped: Iterable[str] = ()) -> list[Finished]:
@@ -221,11 +228,14 @@ class GenerationScheduler:
         self.running[seq.request.id] = seq
         return True
 
-    def _admit_continuous(self) -> tuple[str, ...]:
+    def _admit_continuous(self, now_ms: float) -> tuple[str, ...]:
         preempted: list[str] = []
         prefill_tokens = sum(s.context_tokens for s in self.running.values() if s.needs_prefill)
         for seq in sorted(self.waiting.values(), key=Sequence.order_key):
             if prefill_tokens and prefill_tokens + seq.context_tokens > self.max_prefill_tokens:
+                break
+            if self._slows_a_higher_class(seq, prefill_tokens + seq.context_tokens, now_ms):
+                self.held_for_tpot += 1
                 break
             if len(self.running) >= self.max_batch or not self.ledger.fits(seq.worst_case_tokens):
                 victims = self._victims_for(seq)
@@ -239,6 +249,17 @@ class GenerationScheduler:
                 break
             prefill_tokens += seq.context_tokens
         return tuple(preempted)
+
+    def _slows_a_higher_class(self, seq: Sequence, prefill_tokens: int, now_ms: float) -> bool:
+        """Whether a step with `prefill_tokens` of prefill would outlast the TPOT target of a
+        running sequence of a higher class than `seq` while `seq` can still wait for its first
+        token (never without `step_cost_ms`)."""
+        if self.step_cost_ms is None:
+            return False
+        decoding = [s for s in self.running.values() if not s.needs_prefill and not s.done_reason]
+        tightest = min((s.tpot_ms for s in decoding if s.priority < seq.priority), default=float("inf"))
+        step = self.step_cost_ms(prefill_tokens, len(decoding))
+        return step > tightest and now_ms + step < seq.request.arrival_ms + seq.ttft_ms
 
     def _victims_for(self, seq: Sequence) -> list[Sequence] | None:
         """The fewest lower-class running sequences (lowest class, newest first) whose eviction

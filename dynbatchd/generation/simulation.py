@@ -25,6 +25,10 @@ class GenerationLatency:
     per_kv_token_ms: float = 0.00002
     prefill_ms_per_token: float = 0.06
 
+    def estimate_ms(self, prefill_tokens: int, decoding: int) -> float:
+        """What the scheduler may ask before a step: its cost without the KV term."""
+        return self.step_ms + self.per_seq_ms * decoding + self.prefill_ms_per_token * prefill_tokens
+
     def step_cost_ms(self, plan: StepPlan, kv_tokens: int, *, static: bool = False) -> float:
         prefill = (len(plan.prefill) * max(plan.prefill_lengths) if static and plan.prefill
                    else sum(plan.prefill_lengths))
@@ -105,12 +109,15 @@ class SimulationReport:
 
 def simulate_generation(requests: list[GenRequest], channels: dict[str, ChannelTargets], *, mode: str,
                         kv_budget_tokens: int, bytes_per_token: int = 1, latency: GenerationLatency | None = None,
-                        max_batch: int = 64, max_prefill_tokens: int = 4096) -> SimulationReport:
-    """Drive a `GenerationScheduler` over `requests` on a fake clock; every token of every request counted."""
+                        max_batch: int = 64, max_prefill_tokens: int = 4096, tpot_guard: bool = False
+                        ) -> SimulationReport:
+    """Drive a `GenerationScheduler` over `requests` on a fake clock; every token of every request counted.
+    `tpot_guard` gives the scheduler the latency model's step estimate, so a lower class's prefill
+    waits while it would break a higher class's TPOT (see `dynbatchd.generation.batching`)."""
     latency = latency or GenerationLatency()
     ledger = KVLedger(kv_budget_tokens * bytes_per_token, bytes_per_token)
     sched = GenerationScheduler(ledger, channels, mode=mode, max_batch=max_batch,
-                                max_prefill_tokens=max_prefill_tokens)
+                                max_prefill_tokens=max_prefill_tokens, step_cost_ms=latency.estimate_ms if tpot_guard else None)
     arrivals = [(r.arrival_ms, i, r) for i, r in enumerate(requests)]
     heapq.heapify(arrivals)
     now, finished = 0.0, []
