@@ -79,8 +79,8 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     `device`: one DeviceModel for every device, or one per device (a mixed pool;
     `devices` is then their number). `channels`: name -> ChannelSettings (each may name its window and batch-size
     policy). `window_policies` / `sizers`: the factories by name, e.g.
-    ``Plugins.load().window_policies()``; the built-in fixed/static are always
-    there. Routing: `route` (a function of an Arrival), else `routing`
+    ``Plugins.load().window_policies()``; every built-in policy is always
+    there (the scheduler's own tables). Routing: `route` (a function of an Arrival), else `routing`
     (RoutingSettings) through the routing hook of `plugins`; an arrival that
     names a channel goes there. Every `observe_every_ms` of simulated time (0:
     never), as the daemon's device observer does once a second, the engine is
