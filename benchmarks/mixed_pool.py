@@ -15,7 +15,7 @@ import subprocess
 from contextlib import contextmanager
 from typing import Iterator
 
-from dynbatchd.engine import core as engine_module
+from dynbatchd.engine import slots as engine_module
 from dynbatchd.config import ChannelSettings
 from dynbatchd.simulate import DeviceModel, poisson, simulate
 

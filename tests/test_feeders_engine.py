@@ -10,7 +10,7 @@ from test_engine import MS, Clients, engine, job, ok_outcome
 
 from dynbatchd import protocol as P
 from dynbatchd.engine import OK
-from dynbatchd.scheduler.slots import DeviceView, open_slots
+from dynbatchd.engine.slots import DeviceView, open_slots
 
 
 def finish(e, clients, dispatches, now):

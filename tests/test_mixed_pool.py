@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from dynbatchd.config import ChannelSettings
-from dynbatchd.scheduler.slots import DeviceView, pick_device
+from dynbatchd.engine.slots import DeviceView, pick_device
 from dynbatchd.simulate import COMPLETED, DeviceModel, simulate
 
 MS = 1_000_000

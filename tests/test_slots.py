@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dynbatchd.devices.pool import detect_devices
-from dynbatchd.scheduler.slots import DeviceView, estimated_free_at, next_opening_ns, open_slots, pick_device
+from dynbatchd.engine.slots import DeviceView, estimated_free_at, next_opening_ns, open_slots, pick_device
 
 MS = 1_000_000
 LEAD = 1 * MS

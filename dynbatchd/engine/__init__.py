@@ -5,7 +5,8 @@ of the code base imports from `dynbatchd.engine`, so those imports keep working
 as the pieces move between modules.
 """
 
-from dynbatchd.engine.core import (
+from dynbatchd.engine.core import Engine
+from dynbatchd.engine.records import (
     ANONYMOUS_RULE,
     LATENCY_PERIOD_NS,
     MAX_RETRIES,
@@ -17,7 +18,6 @@ from dynbatchd.engine.core import (
     Answer,
     Device,
     Dispatch,
-    Engine,
     Job,
     Loss,
     Outcome,

@@ -1,7 +1,7 @@
 """Device slots: when a new batch may be cut, and which device should take it.
 
-Pure logic shared by the live daemon (`devices.pool`) and the simulator, so
-both make the same choice. A device runs the batches it holds one after
+Pure logic of the engine's placement, which the live daemon and the simulator
+both drive, so both make the same choice. A device runs the batches it holds one after
 another: that stays true with several feeders (worker processes) on one GPU,
 whose kernels share the device, so the model keeps one queue per device and
 sums its batches' device times. What several feeders overlap is the CPU work
