@@ -25,7 +25,7 @@ from dynbatchd import __version__, config as cfgmod, protocol as P, systemd
 from dynbatchd.config import Config, ConfigError, state_path
 from dynbatchd.devices.batches import Pending
 from dynbatchd.devices.observer import gpu_readings
-from dynbatchd.engine import Job
+from dynbatchd.engine import AuditEvent, EngineEvent, Job
 from dynbatchd.membership import Membership
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
@@ -182,6 +182,7 @@ class Operations(Membership):
         except asyncio.TimeoutError:
             pass
         leftovers = engine.stop(self.clock())   # from here on a late result answers nobody twice
+        self._carry_out(engine.take_events())
         self._send(leftovers)
         took = (self.clock() - started) / 1e9
         if leftovers:
@@ -199,6 +200,15 @@ class Operations(Membership):
     def _on_isolation(self, rule: str, action: str, job: Job) -> None:
         request = job.payload.request if isinstance(job.payload, Pending) else None
         self.audit.record(rule, action, job.channel, job.tenant, request.id if request is not None else None)
+
+    def _carry_out(self, events: list[EngineEvent]) -> None:
+        """What the engine decided beside its answers (an audit record, a canary's verdict), done
+        once its call has returned: never while it is part-way through a batch."""
+        for event in events:
+            if isinstance(event, AuditEvent):
+                self._on_isolation(event.rule, event.action, event.job)
+            else:
+                self._canary_ended(event.split)
 
     # -- control ------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -274,6 +284,7 @@ class Operations(Membership):
             raise KeyError(channel)
         self.engine.end_split(channel, Verdict(ROLLBACK, "stopped by the operator",
                                                split.judge.figures(self.clock())))
+        self._carry_out(self.engine.take_events())
         return self.canary_report()
 
     def _canary_ended(self, split: Any) -> None:

@@ -81,7 +81,6 @@ class Daemon(Operations):
                              feeders=config.devices.workers_per_device,
                              queue_lead_ns=int(config.devices.queue_lead_ms * 1e6), cache=self.cache,
                              freeze=freeze, fingerprint=fingerprint, now_ns=self.started_ns,
-                             on_isolation=self._on_isolation, on_verdict=self._canary_ended,
                              device_limits=device_limits(config, self.devices, NvmlProbe()))   # sized per device
         self.audit = AuditLog(config.compliance.audit_log or state_path(config.daemon, AUDIT_FILE))
         self._timer: asyncio.TimerHandle | None = None
@@ -221,6 +220,7 @@ class Daemon(Operations):
         job = Job(request.model, channel, tokens, request.deadline_ms or settings.deadline_ms,
                   pending, tenant, cache_key, rule)
         answer = self.engine.submit(job, self.clock())
+        self._carry_out(self.engine.take_events())
         if answer is not None:
             self._send((answer,), channel)
         else:
@@ -319,6 +319,7 @@ class Daemon(Operations):
             if not self.pool.send(worker, frames):
                 self.engine.undelivered(dispatch.device, dispatch.batch.id)
                 self._schedule_pump()
+        self._carry_out(self.engine.take_events())   # of step() and unsendable()
         if self.unloading_models:   # a reload removed them: unloaded once nothing of them is left
             self._unload_drained_models()
         if self.state == "draining" and not self.engine.busy():
@@ -348,12 +349,14 @@ class Daemon(Operations):
             log.error("worker for %s answered batch %d badly: %s", self.devices[device], result.batch_id,
                       outcome.problem)
         self._send(self.engine.completed(device, result.batch_id, outcome, self.clock()))
+        self._carry_out(self.engine.take_events())   # a canary's verdict: applied now, after completed()
         self._schedule_pump()
 
     def _on_lost(self, worker: int) -> bool:
         """Worker `worker` (the pool's number: device x workers_per_device + feeder) died."""
         device, feeder = divmod(worker, self.engine.feeders)
         loss = self.engine.lost(device, self.clock(), feeder)
+        self._carry_out(self.engine.take_events())
         self._send(loss.answers)
         self._schedule_pump()
         return loss.explained
@@ -377,6 +380,7 @@ class Daemon(Operations):
         answered unavailable, and after [devices] give_up_exit_s of that the daemon exits 1 for
         the service manager to restart it."""
         self._send(self.engine.device_gone(device, self.clock()))
+        self._carry_out(self.engine.take_events())
         if not all(d.gone for d in self.engine.devices) or self.state not in ("serving", "unavailable"):
             return
         if self.state == "serving":

@@ -8,7 +8,7 @@ import pytest
 
 from dynbatchd import protocol as P
 from dynbatchd.config import ChannelSettings
-from dynbatchd.engine import OK, Engine, Job, Outcome
+from dynbatchd.engine import OK, Engine, Job, Outcome, VerdictEvent
 from dynbatchd.scheduler import build_channels
 from dynbatchd.tuning.canary import PROMOTE, ROLLBACK, Canary
 
@@ -73,14 +73,13 @@ def test_shadow_copies_run_under_the_candidate_and_are_never_answered():
 
 
 def test_a_candidate_that_misses_is_rolled_back_early_and_its_twin_removed_once_empty():
-    ended = []
     e = engine()
-    e.on_verdict = ended.append
     canary = Canary(0.5, 10**12, 0, abort_misses=5)
     e.start_split("c", twin(), canary)
     # the twin's batches take 200 ms against a 100 ms deadline; the incumbent's 1 ms
     answers, _ = serve(e, 40, 0, compute_ns=lambda b: 200 * MS if b.channel == TWIN else MS)
     assert len(answers) == 40
+    ended = [event.split for event in e.take_events() if isinstance(event, VerdictEvent)]
     assert ended and ended[0].verdict.action == ROLLBACK and "missed" in ended[0].verdict.reason
     assert "c" not in e.splits
     before = canary.candidate.answered

@@ -72,8 +72,7 @@ class Run:
                          "open": channel_settings(False, anonymous)}
         self.cache = ResultCache(64)
         self.decisions: list[tuple[str, str]] = []
-        self.engine = Engine(build_channels(self.settings), ["d0", "d1"], inflight=2, cache=self.cache,
-                             on_isolation=lambda rule, action, job: self.decisions.append((rule, action)))
+        self.engine = Engine(build_channels(self.settings), ["d0", "d1"], inflight=2, cache=self.cache)
         for d in range(2):
             self.engine.device_up(d)
         self.now = 0
@@ -116,6 +115,7 @@ class Run:
             self.jobs.append(job)
             self.by_payload[id(payload)] = job
             answer = self.engine.submit(job, self.now)
+            self.decisions += [(event.rule, event.action) for event in self.engine.take_events()]
             if answer is not None:
                 self.take([answer])
                 if answer.code == P.REFUSED:

@@ -6,6 +6,7 @@ as the pieces move between modules.
 """
 
 from dynbatchd.engine.core import Engine
+from dynbatchd.engine.events import AuditEvent, EngineEvent, VerdictEvent
 from dynbatchd.engine.records import (
     ANONYMOUS_RULE,
     LATENCY_PERIOD_NS,
@@ -27,5 +28,5 @@ from dynbatchd.engine.records import (
 __all__ = [
     "ANONYMOUS_RULE", "LATENCY_PERIOD_NS", "MAX_RETRIES", "OK", "QUARANTINE_SIZE", "SUSPECT_FACTOR",
     "SUSPECT_FLOOR_NS", "WARMUP_DEADLINE_NS", "Answer", "Device", "Dispatch", "Engine", "Job", "Loss",
-    "Outcome", "Split",
+    "Outcome", "Split", "AuditEvent", "EngineEvent", "VerdictEvent",
 ]

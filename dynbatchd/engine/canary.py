@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from dynbatchd.engine.events import VerdictEvent
 from dynbatchd.engine.records import Split
 from dynbatchd.scheduler import Channel
 
@@ -45,8 +46,7 @@ class Canaries:
         self._arms.pop(split.channel, None)
         self._arms.pop(split.twin, None)
         self.retiring.add(split.twin)
-        if self.on_verdict is not None:
-            self.on_verdict(split)
+        self.outbox.append(VerdictEvent(split))
         return split
 
     def _judged(self, channel: str, on_time: bool, latency_ns: int, now_ns: int) -> None:

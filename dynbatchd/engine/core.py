@@ -12,6 +12,11 @@ clock reading and carry out what it returns:
     unsendable(device, id, bad, now) -> answers (a batch that could not be encoded)
     overdue(now, timeout)            -> [(device, feeder, limit)] hung: to be killed (lost() follows)
     next_wakeup()                    -> when step() should run again (None: on the next event)
+    take_events()                    -> [AuditEvent | VerdictEvent] decided since the last take
+
+The engine never calls out: an isolation decision for the audit trail and a
+canary's verdict wait in its outbox until the driver takes them, after the
+call that made them has returned (`dynbatchd.engine.events`).
 
 A device may be fed by several worker processes (`feeders`, [devices]
 workers_per_device): the engine still sees one device, with one memory and
@@ -27,8 +32,9 @@ the engine hands it back in every Dispatch and Answer.
 
 This module is the front (requests, scheduling passes, completions, stopping);
 the engine's other jobs each have a module of the package: `records` (the
-data), `placement` + `slots` (which device takes a batch), `canary` (live
-splits), `recovery` (dead, hung or full devices), `reload` and `warmup`.
+data), `events` (the outbox's records), `placement` + `slots` (which device
+takes a batch), `canary` (live splits), `recovery` (dead, hung or full
+devices), `reload` and `warmup`.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any, Callable, Hashable, Sequence
 
 from dynbatchd import protocol as P
 from dynbatchd.engine.canary import Canaries
+from dynbatchd.engine.events import AuditEvent, EngineEvent
 from dynbatchd.engine.placement import Placement
 from dynbatchd.engine.records import (  # noqa: F401 (re-exported: `dynbatchd.engine.core` named them all before the split)
     ANONYMOUS_RULE, LATENCY_PERIOD_NS, MAX_RETRIES, OK, QUARANTINE_SIZE, SUSPECT_FACTOR, SUSPECT_FLOOR_NS,
@@ -57,9 +64,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup):
     def __init__(self, channels: dict[str, Channel], devices: list[str], *, inflight: int = 2, feeders: int = 1,
                  queue_lead_ns: int = 1_000_000, cache: Any = None, freeze: Callable[[Any], Any] = lambda o: o,
                  fingerprint: Callable[[Any], Hashable] | None = None, now_ns: int = 0,
-                 on_isolation: Callable[[str, str, "Job"], None] | None = None,
-                 device_limits: Sequence[tuple[int, int]] | None = None,
-                 on_verdict: Callable[[Split], None] | None = None):
+                 device_limits: Sequence[tuple[int, int]] | None = None):
         self.scheduler = Scheduler(channels)
         # (most items, most tokens) one batch may carry on each device (0: no limit): a mixed pool's
         # smaller device gets a batch cut to its own size, the rest waits for the next device.
@@ -69,8 +74,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup):
                               for lim in device_limits] if device_limits else [""] * len(devices)
         # devices of different sizes learn an out-of-memory each for itself; alike, the channel's sizer does
         self.mixed_pool = len(set(self.device_limits)) > 1
-        self.on_isolation = on_isolation   # (rule, action, job): an isolation decision, for the audit trail
-        self.on_verdict = on_verdict       # a canary's split ended (its verdict is on the Split)
+        self.outbox: list[EngineEvent] = []   # audit decisions and verdicts since the driver last took them
         self.splits: dict[str, Split] = {}        # incumbent channel -> its running canary
         self._arms: dict[str, tuple[Split, bool]] = {}   # channel -> (its split, whether it is the candidate)
         self.retiring: set[str] = set()           # twins whose canary ended, channels a reload removed: go once empty
@@ -149,8 +153,13 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup):
     def _isolation(self, rule: str, action: str, job: Job) -> None:
         if action == "refused":
             self.channels[job.channel].stats.refused += 1
-        if self.on_isolation is not None:
-            self.on_isolation(rule, action, job)
+        self.outbox.append(AuditEvent(rule, action, job))
+
+    def take_events(self) -> list[EngineEvent]:
+        """The audit decisions and canary verdicts of the calls since the last take, oldest first, for
+        the driver to carry out now that the engine is between calls (see `dynbatchd.engine.events`)."""
+        events, self.outbox = self.outbox, []
+        return events
 
     def cancel(self, job: Job, now_ns: int) -> Answer | None:
         """The client withdrew `job`: still queued, it leaves the queue and is answered

@@ -126,6 +126,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     seen_busy, observed_at, peak_memory = [0] * devices, first, 0.0
 
     def answer(answers: list[Answer], at: int) -> None:
+        engine.take_events()   # no audit trail and no canary here: the engine's decisions need no carrying out
         for a in answers:
             i = a.payload
             if outcome[i] != PENDING:
