@@ -172,7 +172,7 @@ class Operations(Membership):
 
     async def _drain(self) -> None:
         engine, started = self.engine, self.clock()
-        queued, running = engine.scheduler.depth(), sum(len(d.held) for d in engine.devices)
+        queued, running = engine.queued(), engine.batches_in_flight()
         log.info("draining: %d queued, %d batches in flight", queued, running)
         engine.drain()
         self._pump()

@@ -339,12 +339,12 @@ class Daemon(Operations):
     # -- worker events ------------------------------------------------------------
     def _on_result(self, worker: int, result: P.BatchResult, frames: list[bytes]) -> None:
         device = worker // self.engine.feeders
-        batch = self.engine.devices[device].held.get(result.batch_id)
+        batch = self.engine.held_batch(device, result.batch_id)
         if batch is None:
             return   # already answered (lost or stopped): a late result must not answer twice
-        outcome = decode_outcome(result, frames, len(batch[0].items))
+        outcome = decode_outcome(result, frames, len(batch.items))
         if result.memory_bytes:   # what the adaptive sizers see of memory (devices/observer.py)
-            self.engine.devices[device].stats.batch_memory[worker % self.engine.feeders] = result.memory_bytes
+            self.engine.note_batch_memory(device, worker % self.engine.feeders, result.memory_bytes)
         if outcome.problem:
             log.error("worker for %s answered batch %d badly: %s", self.devices[device], result.batch_id,
                       outcome.problem)
@@ -381,7 +381,7 @@ class Daemon(Operations):
         the service manager to restart it."""
         self._send(self.engine.device_gone(device, self.clock()))
         self._carry_out(self.engine.take_events())
-        if not all(d.gone for d in self.engine.devices) or self.state not in ("serving", "unavailable"):
+        if not self.engine.every_device_gone() or self.state not in ("serving", "unavailable"):
             return
         if self.state == "serving":
             self.state = "unavailable"

@@ -293,7 +293,8 @@ def test_observer_keeps_the_latest_reading_and_tells_the_engine(monkeypatch):
     monkeypatch.setattr(observer, "_latest", {})
     engine = Engine({}, ["cuda:0", "cuda:1", "cpu"])
     seen = []
-    monkeypatch.setattr(engine, "observe", lambda now, util, mem: seen.append((util, mem)))
+    real = engine.observe   # (the whole device's figure goes to the engine through observe)
+    monkeypatch.setattr(engine, "observe", lambda now, util, mem, **kw: (seen.append((util, mem)), real(now, util, mem, **kw)))
     engine.devices[2].stats.busy_ns = 500
     probe = FixedProbe({"cuda:0": NvmlProbe.Reading(0.6, 4, 8, 100.0), "cuda:1": NvmlProbe.Reading(None, 6, 8, None)})
     last = [(0, 0)] * 3

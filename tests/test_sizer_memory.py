@@ -47,7 +47,7 @@ def run(monkeypatch, gpu: Gpu, beats: int, *, report: bool = True) -> AdaptiveSi
     monkeypatch.setattr(observer, "_latest", {})
     engine = Engine({}, ["cuda:0"])
     sizer = AdaptiveSizer(16, cooldown_ms=0)
-    monkeypatch.setattr(engine, "observe", lambda now, util, mem: sizer.observe(
+    monkeypatch.setattr(engine, "observe", lambda now, util, mem, **_: sizer.observe(
         utilisation=util, memory=mem, queue_len=0, now_ns=now))
     last = [(0, 0)]
     for beat in range(1, beats + 1):
@@ -85,7 +85,8 @@ def test_feeders_add_up_and_the_health_score_keeps_nvmls_headroom(monkeypatch):
     monkeypatch.setattr(observer, "_latest", {})
     engine = Engine({}, ["cuda:0"])
     seen = []
-    monkeypatch.setattr(engine, "observe", lambda now, util, mem: seen.append(mem))
+    real = engine.observe   # (the whole device's figure goes to the engine through observe)
+    monkeypatch.setattr(engine, "observe", lambda now, util, mem, **kw: (seen.append(mem), real(now, util, mem, **kw)))
     engine.devices[0].stats.batch_memory.update({0: gpu.peak(16), 1: gpu.peak(4)})   # two feeders, two weight copies
     observer.sample_devices(engine, gpu, [(0, 0)], SECOND)
     assert engine.memory_used == 0.85                    # the whole device's headroom, for the health score

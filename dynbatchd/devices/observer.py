@@ -59,8 +59,8 @@ def sample_devices(engine: Engine, probe: NvmlProbe, last: list[tuple[int, int]]
             utils.append(reading.utilisation)
         elif now > t0:
             utils.append(min(1.0, (device.stats.busy_ns - busy0) / (now - t0)))
-    engine.memory_used = max(mems) if mems else 0.0
-    engine.observe(now, sum(utils) / len(utils) if utils else 0.0, max(sized) if sized else 0.0)
+    engine.observe(now, sum(utils) / len(utils) if utils else 0.0, max(sized) if sized else 0.0,
+                   memory_used=max(mems) if mems else 0.0)
 
 
 async def observe_devices(engine: Engine, pool: DevicePool, clock: Callable[[], int], after: Callable[[], None],

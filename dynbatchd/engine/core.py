@@ -34,7 +34,7 @@ This module is the front (requests, scheduling passes, completions, stopping);
 the engine's other jobs each have a module of the package: `records` (the
 data), `events` (the outbox's records), `placement` + `slots` (which device
 takes a batch), `canary` (live splits), `recovery` (dead, hung or full
-devices), `reload` and `warmup`.
+devices), `reload`, `warmup` and `view` (what drivers may read).
 """
 
 from __future__ import annotations
@@ -52,12 +52,13 @@ from dynbatchd.engine.records import (  # noqa: F401 (re-exported: `dynbatchd.en
 from dynbatchd.engine.recovery import Recovery
 from dynbatchd.engine.reload import Reloads
 from dynbatchd.engine.slots import next_opening_ns, open_slots
+from dynbatchd.engine.view import ReadModel
 from dynbatchd.engine.warmup import Warmup
 from dynbatchd.scheduler import Channel, Scheduler
 from dynbatchd.telemetry import DeviceStats
 
 
-class Engine(Placement, Canaries, Recovery, Reloads, Warmup):
+class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
     """The engine's front (requests in, answers and dispatches out); its other jobs live in the
     mixins named above, one module each."""
 
@@ -91,7 +92,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup):
         self.warmup_backlog: deque[Job] = deque()
         self.warmup_channel: str | None = None
         self.stopped = False
-        self.memory_used = 0.0   # fullest device's memory use (0..1), as last observed
+        self.memory_used = 0.0   # fullest device's memory use (0..1), as last observed (see observe)
         self._keys = 0
         self.polls = 0           # scheduling passes asked of the scheduler (a cost figure)
         self._wakeup: int | None = None
@@ -283,14 +284,19 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup):
         stats.latency.record_all(latencies)
         return answers
 
-    def observe(self, now_ns: int, utilisation: float, memory: float) -> None:
-        """Once a second or so: tell every channel's batch sizer what the devices are doing."""
+    def observe(self, now_ns: int, utilisation: float, memory: float, *, memory_used: float | None = None) -> None:
+        """Once a second or so: tell every channel's batch sizer what the devices are doing.
+        `memory` is what the daemon's batches need (for the sizers); `memory_used`, the fullest
+        device's whole memory use (NVML's, for the health score), kept as `memory_used` when given."""
+        if memory_used is not None:
+            self.memory_used = memory_used
         for channel in self.channels.values():
             channel.sizer.observe(utilisation=utilisation, memory=memory, queue_len=channel.depth, now_ns=now_ns)
         if now_ns - self._rotated_ns >= LATENCY_PERIOD_NS:
             self._rotated_ns = now_ns
             for channel in self.channels.values():
                 channel.stats.latency.rotate()
+
     def drain(self) -> None:
         """Stop waiting for fuller batches, and drop the optional warmup work."""
         self.warmup_backlog.clear()
