@@ -163,7 +163,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
             now = last
             timer = step(now)
             if not running and timer >= NEVER and engine.busy():
-                raise SimulationError(f"{engine.scheduler.depth()} requests stuck with no device and no timer")
+                raise SimulationError(f"{engine.queued()} requests stuck with no device and no timer")
             continue
         last = now
         while running and running[0][0] == now:
