@@ -26,6 +26,7 @@ from dynbatchd.config import Config, ConfigError, state_path
 from dynbatchd.devices.batches import Pending
 from dynbatchd.devices.observer import gpu_readings
 from dynbatchd.engine import AuditEvent, EngineEvent, Job
+from dynbatchd.engine.intake import cache_key_of
 from dynbatchd.membership import Membership
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
@@ -138,7 +139,7 @@ class Operations(Membership):
         for m in [model] if model else list(self.config.models):
             for spec in self.plugins.warmup_jobs(m, top_users, self.config):
                 jobs = (Job(spec.model, channel, P.estimate_tokens(r), 0, Pending(None, r), spec.tenant,
-                            (spec.model, spec.tenant, text))
+                            cache_key_of(spec.model, spec.tenant, text))
                         for text in spec.inputs for r in (P.Request(0, spec.model, text=text, tenant=spec.tenant),))
                 q, c = self.engine.add_warmup(jobs, channel)
                 queued, cached = queued + q, cached + c
@@ -341,6 +342,7 @@ class Operations(Membership):
                 self.stop_canary(name)
             self.engine.retire_channel(name)
         self.config = msgspec.structs.replace(new, **{key: getattr(old, key) for key in needs_restart})
+        self.intake.config = self.config
         if "models" not in needs_restart and old.models != new.models:
             self._change_models(old, self.config)
         self._schedule_pump()

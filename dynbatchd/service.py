@@ -22,7 +22,6 @@ import time
 from collections import Counter
 from typing import Any, Callable
 
-import msgspec
 import zmq
 
 from dynbatchd import __version__, collector, protocol as P, systemd
@@ -35,7 +34,7 @@ from dynbatchd.devices.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, device_names, pool_class
 from dynbatchd.doors import LocalEnvelope
 from dynbatchd.engine import OK, Answer, Engine, Job
-from dynbatchd.hookspecs import RequestInfo
+from dynbatchd.engine.intake import Intake, Refusal, RequestMeta
 from dynbatchd.memory import device_limits
 from dynbatchd.membership import model_specs
 from dynbatchd.listeners import StartupError, bind
@@ -45,13 +44,11 @@ from dynbatchd.plugins import Plugins
 from dynbatchd.quotas import Quotas
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import NvmlProbe
-from dynbatchd.tenancy import tenant_of_key
 from dynbatchd.tenantmetrics import TenantAnswers
 from dynbatchd.transport import FrontEnd
 
 log = logging.getLogger("dynbatchd")
 
-ADMISSION_RULE = "admission-check"         # a plugin's dynbatchd_admit refused it (its reason says which)
 # The level of the line logged for a request answered with an error; other codes log at debug.
 ANSWER_LEVELS = {P.MODEL_ERROR: logging.WARNING, P.REFUSED: logging.INFO}
 __all__ = ["Daemon", "StartupError"]
@@ -74,6 +71,11 @@ class Daemon(Operations):
         self.tenant_answers = TenantAnswers(models=config.models)   # for /metrics: top tenants + (other)
         self._top_users_saved = self.top_users.observed if self.top_users else 0
         self.quotas = Quotas(config.quotas, clock)   # per tenant, before a request takes queue room
+        self.intake = Intake.from_plugins(
+            config, plugins, cache_on=self.cache is not None, cache_rule=self.cache_rule,
+            quota=lambda tenant, pending: self.quotas.admit(self.config.quotas, tenant, pending),
+            observe_user=self.top_users.observe if self.top_users is not None else None,
+            loading=lambda model: model in self.loading_models)   # `curve` once the front end is bound
         self.devices = device_names(config.devices)
         self.model_specs = model_specs(config)   # what the workers hold (a reload adds and removes)
         channels = build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
@@ -103,6 +105,7 @@ class Daemon(Operations):
         self._give_up_timer: asyncio.TimerHandle | None = None
         ctx = zmq.Context.instance()
         metrics = await bind(self, ctx)   # every address before any model loads: a clash fails in a second
+        self.intake.curve = self.front.curve
         ipc_dir = tempfile.mkdtemp(prefix="dynbatchd-")
         for sig, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
                              (signal.SIGHUP, self._reload_from_signal)):
@@ -174,7 +177,9 @@ class Daemon(Operations):
 
     # -- admission ----------------------------------------------------------
     def on_request(self, envelope: list[bytes], request: P.Request, frames: list[bytes]) -> None:
-        front, config = self.front, self.config
+        """A translator: the request's metadata to the intake (dynbatchd.engine.intake), its Job to
+        the engine, a refusal to the client."""
+        front = self.front
         if request.cancel:   # no reply of its own: the request it names is answered, once
             job = self._queued.get((envelope[0], request.id))
             self._send([answer] if job and (answer := self.engine.cancel(job, self.clock())) else ())
@@ -182,43 +187,14 @@ class Daemon(Operations):
         if self.state not in ("serving", "unavailable"):
             self._reject(envelope, request, P.SHUTTING_DOWN, "daemon is shutting down")
             return
-        if request.model not in config.models or request.model in self.loading_models:
-            self._reject(envelope, request, P.UNKNOWN_MODEL, f"no model named {request.model!r}" if
-                         request.model not in config.models else f"model {request.model!r} is still loading")
+        admitted = self.intake.admit(request_meta(request, envelope, front), Pending(envelope, request, frames))
+        if isinstance(admitted, Refusal):
+            if admitted.rule is not None:
+                self._refuse(envelope, request, admitted.channel, admitted.tenant, admitted.rule, admitted.message)
+            else:
+                self._reject(envelope, request, admitted.code, admitted.message)
             return
-        tokens = P.estimate_tokens(request)
-        info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
-                           tokens, request.priority, request.tenant, request.user)
-        channel = self.plugins.channel_for(info, config)
-        settings = config.channels[channel]
-        tenant = request.tenant
-        if front.curve and config.compliance.key_tenants and settings.isolated:
-            peer = None if isinstance(envelope, LocalEnvelope) else front.peer   # a front door has no key
-            tenant, refusal = tenant_of_key(config.compliance.key_tenants, peer, request.tenant,
-                                            getattr(envelope, "tenant", None))   # an HTTP key's
-            if refusal:
-                self._refuse(envelope, request, channel, request.tenant, *refusal)
-                return
-            info = msgspec.structs.replace(info, tenant=tenant)
-        if self.plugins.has_admission_checks:
-            reason = self.plugins.admit(info, channel, config)
-            if reason:
-                self._refuse(envelope, request, channel, tenant, ADMISSION_RULE, reason)
-                return
-        pending = Pending(envelope, request, frames)
-        if refusal := self.quotas.admit(config.quotas, tenant, pending):
-            self._reject(envelope, request, P.QUOTA_EXCEEDED, refusal)
-            return
-        cache_key = rule = None
-        if request.text is not None:
-            if self.cache is not None:
-                cache_key = (request.model, tenant, request.text)
-            if self.cache_rule is not None:
-                rule = self.cache_rule(info)
-            if request.user is not None and self.top_users is not None and not settings.isolated:
-                self.top_users.observe(tenant, request.user, request.model, request.text)
-        job = Job(request.model, channel, tokens, request.deadline_ms or settings.deadline_ms,
-                  pending, tenant, cache_key, rule)
+        job, channel = admitted, admitted.channel
         answer = self.engine.submit(job, self.clock())
         self._carry_out(self.engine.take_events())
         if answer is not None:
@@ -397,3 +373,12 @@ class Daemon(Operations):
                     self.exit_code = 1
                     self.request_stop()
             self._give_up_timer = self.loop.call_later(limit, exit_for_a_restart)
+
+
+def request_meta(request: P.Request, envelope: Any, front: Any) -> RequestMeta:
+    """What the intake needs of a protocol request: the CURVE key's name only for a socket's
+    client (a front door has no key; an HTTP door's `LocalEnvelope` carries its key's tenant)."""
+    return RequestMeta(request.model, P.estimate_tokens(request), tuple(request.tags), request.request_type,
+                       request.user_frequency, request.priority, request.tenant, getattr(envelope, "tenant", None),
+                       None if isinstance(envelope, LocalEnvelope) else front.peer, request.user, request.text,
+                       request.deadline_ms)

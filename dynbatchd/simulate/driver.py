@@ -16,7 +16,8 @@ from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from dynbatchd import protocol as P
-from dynbatchd.engine import OK, Answer, Engine, Job, Outcome
+from dynbatchd.engine import OK, Answer, Engine, Outcome
+from dynbatchd.engine.intake import Intake, Refusal, RequestMeta, sim_config
 from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.scheduler import build_channels
 from dynbatchd.simulate.devices import DeviceModel, VirtualRunner
@@ -73,7 +74,8 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
              route: Router | None = None, routing: Any = None, plugins: Any = None,
              observe_every_ms: float = 1000.0, queue_lead_ms: float = 1.0,
              max_events: int = 50_000_000, cache: Any = None, cache_rule: Any = None,
-             size_for_device: bool = False) -> SimResult:
+             size_for_device: bool = False, config: Any = None, intake: Intake | None = None,
+             codes: list[str] | None = None) -> SimResult:
     """Run `arrivals` through the daemon's engine on `devices` simulated devices.
 
     `device`: one DeviceModel for every device, or one per device (a mixed pool;
@@ -93,6 +95,10 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     the engine cuts each batch to the memory limits (memory_items,
     memory_tokens) of the device it goes to, as in a mixed pool whose devices'
     sizes are known (else a batch too big runs out of memory and is bisected).
+    Every arrival goes through the daemon's intake (`dynbatchd.engine.intake`): routing, tenancy,
+    the compliance hooks, the cache key and the deadline default decided as live; `config` (a
+    daemon Config) gives it the models, ``[compliance]`` and routing, else any model goes; `intake`
+    replaces it outright. `codes`: a list filled with each arrival's answer code.
 
         >>> from dynbatchd.config import ChannelSettings
         >>> r = simulate({"standard": ChannelSettings(max_batch=32, window_ms=10)},
@@ -107,7 +113,8 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     if devices < 1 or inflight < 1:
         raise ValueError("need at least one device with at least one slot")
     trace = sorted((as_arrival(a) for a in arrivals), key=lambda a: a.at_ns)
-    route = route or rules_router(channels, routing, plugins)
+    intake = intake or Intake.from_plugins(config or sim_config(channels, routing), plugins or _builtin_plugins(),
+                                           cache_on=cache is not None, cache_rule=cache_rule)
     n = len(trace)
     first = trace[0].at_ns if trace else 0
     built = build_channels(dict(channels), window_policies, sizers)
@@ -119,6 +126,8 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     runners = [VirtualRunner(m) for m in models]
     devs = [_Device() for _ in range(devices)]
     outcome, latency, slo, channel_of = bytearray(n), [0] * n, [0] * n, [""] * n
+    if codes is not None:
+        codes[:] = [""] * n
     records: list[BatchRecord] = []
     running: list[tuple] = []      # heap: (end_ns, batch id, device, batch, outcome, start_ns)
     every_ns = int(observe_every_ms * MS)
@@ -129,6 +138,8 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
         engine.take_events()   # no audit trail and no canary here: the engine's decisions need no carrying out
         for a in answers:
             i = a.payload
+            if codes is not None:
+                codes[i] = a.code
             if outcome[i] != PENDING:
                 raise SimulationError(f"request {i} answered twice ({OUTCOME_NAMES[outcome[i]]}, then {a.code})")
             outcome[i] = _OUTCOMES.get(a.code, FAILED)
@@ -177,18 +188,21 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
                                        tuple(sorted({str(it.tenant) for it in batch.items}))))
         while i < n and trace[i].at_ns == now:
             a = trace[i]
-            name = route(a)
+            admitted = intake.admit(RequestMeta(a.model, a.tokens, a.tags, a.request_type, a.user_frequency,
+                                                a.priority, a.tenant, text=a.text, deadline_ms=a.deadline_ms,
+                                                channel=a.channel or (route(a) if route else None)), i)
+            if isinstance(admitted, Refusal):
+                channel_of[i], slo[i] = admitted.channel or "", 0
+                if admitted.rule is not None:
+                    engine.refused(admitted.channel)   # counted per channel, as the daemon does
+                answer([Answer(i, admitted.code, admitted.message)], now)
+                i += 1
+                continue
+            job, name = admitted, admitted.channel
             if name not in engine.channels:
                 raise KeyError(f"arrival {i} routed to unknown channel {name!r}")
-            deadline_ms = a.deadline_ms or engine.channels[name].settings.deadline_ms
             channel_of[i] = name
-            slo[i] = int((a.slo_ms if a.slo_ms is not None else deadline_ms) * MS)
-            job = Job(a.model, name, a.tokens, deadline_ms, i, a.tenant)
-            if cache is not None and a.text is not None:
-                job.cache_key = (a.model, a.tenant, a.text)
-                if cache_rule is not None:
-                    job.cache_rule = cache_rule(RequestInfo(a.model, a.tags, a.request_type, a.user_frequency,
-                                                            a.tokens, a.priority, a.tenant))
+            slo[i] = int((a.slo_ms if a.slo_ms is not None else job.deadline_ms) * MS)
             refusal = engine.submit(job, now)
             if refusal is not None:
                 answer([refusal], now)

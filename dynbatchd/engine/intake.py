@@ -1,0 +1,129 @@
+"""The engine's one front door: a request's metadata in, a Job or an immediate refusal out.
+
+The daemon (ZeroMQ and the HTTP door alike), warmup and the simulator all hand the same
+`RequestMeta` to `Intake.admit`, so routing, CURVE/HTTP-key tenancy, the compliance hooks,
+the quota, the cache key and rule and the deadline default are decided in one place, and
+the simulator decides them exactly as the daemon does. Sans-I/O: the plugin calls and the
+quota are injected; nothing here reads a clock or a socket.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Callable, Container, NamedTuple
+
+import msgspec
+
+from dynbatchd import protocol as P
+from dynbatchd.engine.records import Job
+from dynbatchd.hookspecs import RequestInfo
+from dynbatchd.tenancy import tenant_of_key
+
+ADMISSION_RULE = "admission-check"   # a plugin's dynbatchd_admit refused it (its reason says which)
+
+
+class RequestMeta(msgspec.Struct, frozen=True, gc=False):
+    """What the intake knows of one request: never the payload. `tenant`: the request's claim;
+    `key_tenant`: the tenant an HTTP API key proved; `peer`: the CURVE key's name (None: no key,
+    e.g. a front door); `channel`: set by a caller that names its channel (a simulated arrival),
+    which skips routing; `deadline_ms` None or 0: the channel's deadline."""
+    model: str
+    tokens: int = 0
+    tags: tuple[str, ...] = ()
+    request_type: str | None = None
+    user_frequency: str | None = None
+    priority: int | None = None
+    tenant: str | None = None
+    key_tenant: str | None = None
+    peer: str | None = None
+    user: str | None = None
+    text: str | None = None
+    deadline_ms: float | None = None
+    channel: str | None = None
+
+
+class Refusal(NamedTuple):
+    """An immediate answer instead of a Job. `rule` set: a compliance refusal, audited;
+    `channel`: where it was routed (None: refused before routing); `tenant`: as decided so far."""
+    code: str
+    message: str
+    rule: str | None = None
+    channel: str | None = None
+    tenant: str | None = None
+
+
+class Intake:
+    """Decides, for each request, a Job for `Engine.submit` or a Refusal (see the module docstring).
+
+    `config`: anything with ``routing``, ``channels``, ``compliance`` and ``models`` (None: any
+    model); replace it after a reload. `route`/`admit_check`: the routing and admission hooks
+    (``Plugins.channel_for``/``Plugins.admit``; `admit_check` None: no admission plugin).
+    `cache_on`: the result cache is there (requests with a text get a cache key); `cache_rule`: the
+    cache policy. `quota(tenant, payload)`: a refusal message or None. `observe_user`: the top-users
+    sketch's ``observe``. `loading(model)`: the model is not loaded yet. `curve`: the front end
+    authenticates keys, so an isolated channel's tenant comes from the key.
+    """
+
+    def __init__(self, config: Any, route: Callable[[RequestInfo, Any], str], *,
+                 admit_check: Callable[[RequestInfo, str, Any], str | None] | None = None,
+                 cache_on: bool = False, cache_rule: Callable[[RequestInfo], Any] | None = None,
+                 quota: Callable[[str | None, Any], str | None] | None = None,
+                 observe_user: Callable[[str | None, str, str, str], None] | None = None,
+                 loading: Container[str] | Callable[[str], bool] = (), curve: bool = False):
+        self.config, self.route, self.admit_check = config, route, admit_check
+        self.cache_on, self.cache_rule, self.quota, self.observe_user = cache_on, cache_rule, quota, observe_user
+        self.loading = loading if callable(loading) else loading.__contains__
+        self.curve = curve
+
+    @classmethod
+    def from_plugins(cls, config: Any, plugins: Any, **kwargs: Any) -> "Intake":
+        """The intake with `plugins`' routing and admission hooks (what the daemon and the simulator use)."""
+        return cls(config, plugins.channel_for,
+                   admit_check=plugins.admit if plugins.has_admission_checks else None, **kwargs)
+
+    def admit(self, meta: RequestMeta, payload: Any = None) -> Job | Refusal:
+        """A Job to submit, or why not (in the daemon's order: model, routing, tenancy, compliance, quota)."""
+        config = self.config
+        models = getattr(config, "models", None)
+        if models is not None and meta.model not in models:
+            return Refusal(P.UNKNOWN_MODEL, f"no model named {meta.model!r}")
+        if self.loading(meta.model):
+            return Refusal(P.UNKNOWN_MODEL, f"model {meta.model!r} is still loading")
+        info = RequestInfo(meta.model, meta.tags, meta.request_type, meta.user_frequency, meta.tokens,
+                           meta.priority, meta.tenant, meta.user)
+        channel = meta.channel or self.route(info, config)
+        settings = config.channels[channel]
+        tenant = meta.tenant
+        key_tenants = config.compliance.key_tenants
+        if self.curve and key_tenants and settings.isolated:
+            tenant, refusal = tenant_of_key(key_tenants, meta.peer, meta.tenant, meta.key_tenant)
+            if refusal:
+                return Refusal(P.REFUSED, refusal[1], refusal[0], channel, meta.tenant)
+            info = msgspec.structs.replace(info, tenant=tenant)
+        if self.admit_check is not None and (reason := self.admit_check(info, channel, config)):
+            return Refusal(P.REFUSED, reason, ADMISSION_RULE, channel, tenant)
+        if self.quota is not None and (refusal := self.quota(tenant, payload)):
+            return Refusal(P.QUOTA_EXCEEDED, refusal, None, channel, tenant)
+        cache_key = rule = None
+        if meta.text is not None:
+            if self.cache_on:
+                cache_key = cache_key_of(meta.model, tenant, meta.text)
+            if self.cache_rule is not None:
+                rule = self.cache_rule(info)
+            if meta.user is not None and self.observe_user is not None and not settings.isolated:
+                self.observe_user(tenant, meta.user, meta.model, meta.text)
+        return Job(meta.model, channel, meta.tokens, meta.deadline_ms or settings.deadline_ms,
+                   payload, tenant, cache_key, rule)
+
+
+def cache_key_of(model: str, tenant: str | None, text: str) -> tuple:
+    """The result cache's key: a tenant never sees another's results (warmup keys its inputs so too)."""
+    return (model, tenant, text)
+
+
+def sim_config(channels: Any, routing: Any = None) -> Any:
+    """A config for the intake of a simulator given only channels (and routing): any model, no key tenants."""
+    from dynbatchd.config import ComplianceSettings, RoutingSettings
+
+    return SimpleNamespace(routing=routing or RoutingSettings(default=next(iter(channels))), channels=channels,
+                           compliance=ComplianceSettings(), models=None)
