@@ -24,7 +24,7 @@ least recently used goes: a session refresh, a warmup input, or a plain LRU),
 The daemon keys entries by (model, tenant, text), the tenant None for
 requests without one, so one tenant's result never answers another tenant's
 request, and warmup inputs of no tenant serve only requests without one. It
-keeps what `dynbatchd.devices.batches.freeze` makes of an output: (tensor
+keeps what `dynbatchd.daemon_batches.freeze` makes of an output: (tensor
 descriptor, bytes) or (plain value, None). Nothing from an isolated channel
 is cached.
 """

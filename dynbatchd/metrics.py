@@ -131,7 +131,7 @@ def render(status: dict[str, Any], latency: dict[str, Any] | None = None,
     dashboards can take quantiles over any window with histogram_quantile(), and each GPU's
     latest NVML reading (`gpu`, by device name; by default the device observer's)."""
     if gpu is None:
-        from dynbatchd.devices.observer import gpu_readings
+        from dynbatchd.observer import gpu_readings
 
         gpu = gpu_readings()
     page = _Page()

@@ -23,8 +23,8 @@ import msgspec
 
 from dynbatchd import __version__, config as cfgmod, protocol as P, systemd
 from dynbatchd.config import Config, ConfigError, state_path
-from dynbatchd.devices.batches import Pending
-from dynbatchd.devices.observer import gpu_readings
+from dynbatchd.daemon_batches import Pending
+from dynbatchd.observer import gpu_readings
 from dynbatchd.engine import AuditEvent, EngineEvent, Job
 from dynbatchd.engine.intake import cache_key_of
 from dynbatchd.membership import Membership

@@ -1,7 +1,8 @@
 """The daemon: sockets, signals, timers and worker supervision around the engine.
 
-The path of one request: the front end decodes it -> `on_request` routes it
-(routing hook), checks it (compliance hook) and submits it to the engine ->
+The path of one request: the front end decodes it -> `on_request` hands its
+metadata to the intake (`dynbatchd.engine.intake`: routing, tenancy, compliance,
+quota, cache key, deadline) and submits the Job it returns to the engine ->
 `_pump` sends the engine's dispatches to the workers and its answers to the
 clients -> a worker's result goes back through `engine.completed`. Every
 decision (what to batch, where to send it, what to answer) is the engine's;
@@ -29,8 +30,8 @@ from dynbatchd.audit import FILE_NAME as AUDIT_FILE, AuditLog
 from dynbatchd.cache import ResultCache
 from dynbatchd.config import Config, state_path
 from dynbatchd.control.server import ControlServer
-from dynbatchd.devices.batches import Pending, decode_outcome, encode_batch, fingerprint, freeze, unencodable
-from dynbatchd.devices.observer import observe_devices
+from dynbatchd.daemon_batches import Pending, decode_outcome, encode_batch, fingerprint, freeze, unencodable
+from dynbatchd.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, device_names, pool_class
 from dynbatchd.doors import LocalEnvelope
 from dynbatchd.engine import OK, Answer, Engine, Job
@@ -319,7 +320,7 @@ class Daemon(Operations):
         if batch is None:
             return   # already answered (lost or stopped): a late result must not answer twice
         outcome = decode_outcome(result, frames, len(batch.items))
-        if result.memory_bytes:   # what the adaptive sizers see of memory (devices/observer.py)
+        if result.memory_bytes:   # what the adaptive sizers see of memory (dynbatchd/observer.py)
             self.engine.note_batch_memory(device, worker % self.engine.feeders, result.memory_bytes)
         if outcome.problem:
             log.error("worker for %s answered batch %d badly: %s", self.devices[device], result.batch_id,

@@ -351,7 +351,7 @@ def test_the_serving_daemon_freezes_start_up_objects_and_collects_the_young_less
 def test_a_batch_that_cannot_be_encoded_fails_only_its_bad_input_and_frees_its_slot():
     """A lone surrogate (valid JSON through the HTTP door, not UTF-8) once made encode_batch raise
     out of the daemon's timer: nobody in the batch was answered and the slot stayed held."""
-    from dynbatchd.devices.batches import Pending, encode_batch, fingerprint, unencodable
+    from dynbatchd.daemon_batches import Pending, encode_batch, fingerprint, unencodable
 
     e = Engine(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=10_000)}), ["d0"],
                inflight=1, fingerprint=fingerprint)

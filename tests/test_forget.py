@@ -16,7 +16,7 @@ from dynbatchd.cache import ResultCache
 from dynbatchd.client import Client
 from dynbatchd.config import ChannelSettings
 from dynbatchd.control.commands import COMMANDS, OPEN_TO_CLIENTS, TAKES_PEER, needs_admin
-from dynbatchd.devices.batches import Pending
+from dynbatchd.daemon_batches import Pending
 from dynbatchd.engine import Engine, Job
 from dynbatchd.pseudonyms import FILE_NAME as KEY_FILE, Pseudonyms
 from dynbatchd.scheduler import build_channels

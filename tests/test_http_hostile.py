@@ -263,7 +263,7 @@ def test_an_answered_request_from_the_door_leaves_no_reference_cycle():
     from types import SimpleNamespace
 
     from dynbatchd import protocol as P
-    from dynbatchd.devices.batches import Pending
+    from dynbatchd.daemon_batches import Pending
     from dynbatchd.doors import LocalDoor
     from dynbatchd.engine import Answer
 

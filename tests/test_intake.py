@@ -13,7 +13,7 @@ import pytest
 from dynbatchd import protocol as P
 from dynbatchd.cache import ResultCache
 from dynbatchd.config.reading import parse
-from dynbatchd.devices.batches import Pending
+from dynbatchd.daemon_batches import Pending
 from dynbatchd.engine import OK, Job
 from dynbatchd.engine.intake import Intake, Refusal, RequestMeta
 from dynbatchd.plugins import Plugins

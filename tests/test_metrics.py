@@ -13,7 +13,7 @@ import types
 import pytest
 
 from dynbatchd import metrics
-from dynbatchd.devices import observer
+from dynbatchd import observer
 from dynbatchd.engine import Engine
 from dynbatchd.telemetry import Histogram, NvmlProbe
 

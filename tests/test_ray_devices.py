@@ -22,7 +22,7 @@ from conftest import REPO, SIMULATED, TESTS, start_daemon, wait_until
 from dynbatchd import config as cfgmod, protocol as P
 from dynbatchd.client import Client
 from dynbatchd.config import ConfigError, RaySettings, parse
-from dynbatchd.devices.batches import decode_outcome
+from dynbatchd.daemon_batches import decode_outcome
 from dynbatchd.devices.ray_pool import RayDevicePool, import_ray
 
 ray = None   # the module, once the `cluster` fixture has imported it

@@ -19,7 +19,7 @@ from helpers import outcomes
 from dynbatchd import protocol as P
 from dynbatchd.client import Client
 from dynbatchd.config import parse
-from dynbatchd.devices.batches import Pending
+from dynbatchd.daemon_batches import Pending
 from dynbatchd.doors import LocalEnvelope
 from dynbatchd.engine import OK, Job
 from dynbatchd.plugins import Plugins

@@ -14,7 +14,7 @@ import types
 import msgspec
 
 from dynbatchd import protocol as P
-from dynbatchd.devices import observer
+from dynbatchd import observer
 from dynbatchd.devices.execution import Execution
 from dynbatchd.devices.worker import encode_result
 from dynbatchd.engine import Engine

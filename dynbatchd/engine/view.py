@@ -33,5 +33,5 @@ class ReadModel:
 
     def note_batch_memory(self, device: int, feeder: int, peak_bytes: int) -> None:
         """A feeder's last batch peaked at `peak_bytes` allocated: what the adaptive sizers see of
-        memory (summed over the device's feeders, see `dynbatchd.devices.observer`)."""
+        memory (summed over the device's feeders, see `dynbatchd.observer`)."""
         self.devices[device].stats.batch_memory[feeder] = peak_bytes

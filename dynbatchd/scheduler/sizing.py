@@ -22,7 +22,7 @@ class AdaptiveSizer:
 
     Each ``observe(utilisation=, memory=, queue_len=, now_ns=)`` (fractions
     0..1 of device busy time and of the memory the daemon's batches need:
-    torch's peak allocated, not NVML's "used", see `dynbatchd.devices.observer`;
+    torch's peak allocated, not NVML's "used", see `dynbatchd.observer`;
     the channel's queue length) votes:
     - shrink when utilisation > ``high_util`` (0.90) or memory > ``high_memory`` (0.80);
     - grow when utilisation < ``low_util`` (0.70) and queue_len > ``queue_above`` (10);

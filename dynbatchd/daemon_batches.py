@@ -3,7 +3,8 @@
 The daemon's half of the daemon <-> worker protocol (the worker's half is
 `dynbatchd.devices.worker`). Arrays travel as raw frames both ways; a
 result's stacked output is cut into per-request (TensorRef, view) pairs here,
-without copying.
+without copying. It lives beside the daemon, not in `dynbatchd.devices`: it speaks the
+engine's types (Outcome), and the devices layer never imports the engine.
 """
 
 from __future__ import annotations

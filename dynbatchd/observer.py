@@ -17,6 +17,7 @@ less for a request rerun alone after its batch hung or died (`Engine.overdue`).
 The last NVML reading of each GPU (utilisation, memory used and total, power)
 is kept in `gpu_readings()`, by device name ("cuda:0"), for `/metrics`; a device
 NVML does not answer for (the CPU, a GPU without a driver) has none there.
+A daemon-side adapter (it tells the engine), so it sits beside the daemon, not in `dynbatchd.devices`.
 """
 
 from __future__ import annotations
