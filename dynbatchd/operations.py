@@ -1,6 +1,6 @@
-"""What operators ask of a running daemon: status, metrics, tune and reload, a canary, warmup,
-stop and drain; and the records kept for them (the top-users sketch, the compliance audit, the
-tuning drop-in of `dynbatchd.overrides`).
+"""What operators ask of a running daemon: status, metrics, tune and reload, a canary, stop and
+drain; and the records kept for them (the compliance audit, the tuning drop-in of
+`dynbatchd.overrides`). Warmup, erasure and the top-users sketch are `dynbatchd.cache_operations`.
 
 Every change of a channel's settings (a tune, a canary, a reload) passes the one risk assessment
 of `dynbatchd.tuning.risk.assess_change`, run off the event loop, and is refused when risky
@@ -26,14 +26,11 @@ from dynbatchd.config import Config, ConfigError, state_path
 from dynbatchd.daemon_batches import Pending
 from dynbatchd.observer import gpu_readings
 from dynbatchd.engine import AuditEvent, EngineEvent, Job
-from dynbatchd.engine.intake import cache_key_of
 from dynbatchd.membership import Membership
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import daemon_health
-from dynbatchd.pseudonyms import FILE_NAME as PSEUDONYMS_FILE, Pseudonyms
-from dynbatchd.topusers import FILE_NAME as TOP_USERS_FILE, TopUsers
 from dynbatchd.validation import validate_config
 from dynbatchd.errors import DynbatchdError
 
@@ -53,114 +50,6 @@ def _settings_text(values: dict[str, Any]) -> str:
 
 
 class Operations(Membership):
-    # -- the top-users sketch ---------------------------------------------------
-    def top_users_path(self):
-        return state_path(self.config.daemon, TOP_USERS_FILE)
-
-    def load_top_users(self, config: Config) -> TopUsers | None:
-        """The sketch saved in the state directory, users kept as keyed hashes, texts only where
-        the result cache is on (the only place warmup can use them); None with ``users = 0``."""
-        settings = config.top_users
-        if not settings.users:
-            return None
-        options = {"pseudonym": self._pseudonyms(config), "retain_days": settings.retain_days}
-        texts = settings.inputs_per_user if self.cache is not None else 0
-        try:
-            path = self.top_users_path()
-        except OSError:   # (logged by _pseudonyms) counted, never saved
-            return TopUsers(settings.users, texts, **options)
-        return TopUsers.load(path, settings.users, texts, **options)
-
-    def _pseudonyms(self, config: Config) -> Pseudonyms:
-        """The keyed hash of user ids, its key in the state directory (one of this run only if the
-        directory is unavailable)."""
-        try:
-            return Pseudonyms.load(state_path(config.daemon, PSEUDONYMS_FILE))
-        except OSError as exc:
-            log.error("state directory %s unavailable (%s): user ids are hashed with a key of this run only",
-                      config.daemon.state_dir, exc.strerror)
-            return Pseudonyms.load(None)
-
-    def save_top_users(self) -> None:
-        """Write the top-users sketch to the state directory, if it counted anything since the
-        last save (a daemon that sees no users writes nothing)."""
-        sketch = self.top_users
-        if sketch is None or sketch.observed == self._top_users_saved:
-            return
-        try:
-            sketch.save(self.top_users_path())
-            self._top_users_saved = sketch.observed
-        except OSError as exc:
-            log.error("could not save the top-users sketch in %s: %s", self.config.daemon.state_dir, exc.strerror)
-        except Exception as exc:   # (never the daemon's exit code: the sketch is an optimisation)
-            log.error("could not save the top-users sketch: %s", type(exc).__name__)
-
-    async def _save_top_users_periodically(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.top_users.save_every_s)
-            self.save_top_users()
-
-    # -- erasure -------------------------------------------------------------
-    def forget(self, user: str, tenant: Any = None, *, by: str = "local") -> dict[str, Any]:
-        """Erase `user` (of every tenant, or of `tenant`) from the top-users sketch and its saved
-        file (rewritten at once), and the inputs the sketch kept for them from the result cache
-        and the warmup backlog (a warmup input already queued or running is not kept). Answers
-        counts only; the audit log and the daemon's log name the user by its keyed hash."""
-        sketch = self.top_users
-        if sketch is None:   # nothing kept; the audit still names the user by its keyed hash
-            key, erased = self._pseudonyms(self.config)(user), {}
-        else:
-            key, erased = sketch.forget(user, None if tenant is None else (tenant,))
-        cache_keys = {(model, t, text) for t, inputs in erased.items() for model, text in inputs}
-        counts = {"sketch_users": len(erased), "sketch_inputs": len(cache_keys),
-                  "cache_entries": sum(self.cache.discard(k) for k in cache_keys) if self.cache is not None else 0,
-                  "warmup_inputs": self.engine.forget_warmup(cache_keys) if cache_keys else 0}
-        saved = True
-        if erased:
-            try:
-                sketch.save(self.top_users_path())
-                self._top_users_saved = sketch.observed
-            except OSError as exc:
-                saved = False
-                log.error("forget: could not rewrite the top-users sketch in %s: %s", self.config.daemon.state_dir,
-                          exc.strerror)
-        self.audit.erasure(key, tenant, by, counts)
-        log.info("forget by %s: user %s%s: %s", by, key[:16], f" of tenant {tenant}" if tenant is not None else "",
-                 _settings_text(counts))
-        return {**counts, "file_rewritten": bool(erased) and saved}
-
-    # -- warmup -------------------------------------------------------------
-    def warmup(self, model: str | None, top_users: int) -> dict[str, Any]:
-        """Queue the inputs the warmup plugins name; they run in the warmup channel as it has room.
-        With nothing to queue, "reason" says why."""
-        channel = self.config.cache.warmup_channel or self.config.routing.default
-        self.save_top_users()   # the built-in plugin reads what was observed up to now
-        queued = cached = 0
-        for m in [model] if model else list(self.config.models):
-            for spec in self.plugins.warmup_jobs(m, top_users, self.config):
-                jobs = (Job(spec.model, channel, P.estimate_tokens(r), 0, Pending(None, r), spec.tenant,
-                            cache_key_of(spec.model, spec.tenant, text))
-                        for text in spec.inputs for r in (P.Request(0, spec.model, text=text, tenant=spec.tenant),))
-                q, c = self.engine.add_warmup(jobs, channel)
-                queued, cached = queued + q, cached + c
-        self._schedule_pump()
-        answer: dict[str, Any] = {"queued": queued, "already_cached": cached,
-                                  "backlog": len(self.engine.warmup_backlog), "channel": channel}
-        if not queued and not cached:
-            answer["reason"] = self._nothing_to_warm()
-        return answer
-
-    def _nothing_to_warm(self) -> str:
-        source = self.config.plugins.get("warmup", {}).get("source")
-        if source:
-            return f"the warmup source {source} named no input (missing, empty or malformed: see the daemon's log)"
-        if self.top_users is None:
-            return "the daemon observes no users ([top_users] users = 0) and [plugins.warmup] source is not set"
-        if not len(self.top_users):
-            return ("the daemon has observed no request with a user and a text input yet "
-                    f"({self.top_users.observed} counted); clients set the request's \"user\" field")
-        return "no warmup plugin named an input of these models for the top users"
-
     # -- stopping -------------------------------------------------------------
     def request_stop(self) -> None:
         """First SIGTERM drains (answer what was accepted), a second one stops at once."""

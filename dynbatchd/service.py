@@ -28,6 +28,7 @@ import zmq
 from dynbatchd import __version__, collector, protocol as P, systemd
 from dynbatchd.audit import FILE_NAME as AUDIT_FILE, AuditLog
 from dynbatchd.cache import ResultCache
+from dynbatchd.cache_operations import CacheOperations
 from dynbatchd.config import Config, state_path
 from dynbatchd.control.server import ControlServer
 from dynbatchd.daemon_batches import Pending, decode_outcome, encode_batch, fingerprint, freeze, unencodable
@@ -68,7 +69,8 @@ class Daemon(Operations):
         self.cache = ResultCache(config.cache.entries, config.cache.max_bytes) if config.cache.entries else None
         # `is not None`: an empty cache has len 0, and the policy must apply from the first request
         self.cache_rule = plugins.cache_policies()[config.cache.policy](config.cache) if self.cache is not None else None
-        self.top_users = self.load_top_users(config)   # texts only for the cache; users as keyed hashes
+        self.cache_ops = CacheOperations(self)   # the sketch, warmup and erasure
+        self.top_users = self.cache_ops.load_top_users(config)   # texts only for the cache; users as keyed hashes
         self.tenant_answers = TenantAnswers(models=config.models)   # for /metrics: top tenants + (other)
         self._top_users_saved = self.top_users.observed if self.top_users else 0
         self.quotas = Quotas(config.quotas, clock)   # per tenant, before a request takes queue room
@@ -156,12 +158,12 @@ class Daemon(Operations):
         collector.settle_for_serving()
         systemd.notify(f"READY=1\nSTATUS=serving on {self.config.daemon.listen}\nMAINPID={os.getpid()}")
         log.info("serving requests on %s, control on %s", self.config.daemon.listen, self.config.daemon.control)
-        saver = asyncio.ensure_future(self._save_top_users_periodically())
+        saver = asyncio.ensure_future(self.cache_ops.save_top_users_periodically())
         await self._stop.wait()
         observer.cancel()
         saver.cancel()
         await self._drain()
-        self.save_top_users()
+        self.cache_ops.save_top_users()
 
     async def _close(self, ipc_dir: str) -> None:
         for door in self.doors:   # after the drain: every request they brought in was answered

@@ -208,7 +208,7 @@ def warmup(daemon, top_users: int = 10_000, model: str | None = None) -> dict[st
         raise CommandError("the result cache is off: set [cache] entries in the config to use warmup")
     if model is not None and model not in daemon.config.models:
         raise CommandError(f"no model named {model!r}")
-    return daemon.warmup(model, int(top_users))
+    return daemon.cache_ops.warmup(model, int(top_users))
 
 
 def forget(daemon, user: str, tenant: str | None = None, by: str = "local") -> dict[str, Any]:
@@ -224,7 +224,7 @@ def forget(daemon, user: str, tenant: str | None = None, by: str = "local") -> d
         raise CommandError("user is the user id to erase (a non-empty string)")
     if tenant is not None and not isinstance(tenant, str):
         raise CommandError("tenant is a tenant name (a string)")
-    return daemon.forget(user, tenant, by=by)
+    return daemon.cache_ops.forget(user, tenant, by=by)
 
 
 def stop(daemon) -> dict[str, Any]:
