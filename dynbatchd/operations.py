@@ -1,6 +1,7 @@
-"""What operators ask of a running daemon: status, metrics, tune and reload, a canary, stop and
-drain; and the records kept for them (the compliance audit, the tuning drop-in of
-`dynbatchd.overrides`). Warmup, erasure and the top-users sketch are `dynbatchd.cache_operations`.
+"""What operators ask of a running daemon: status, metrics, tune and reload, stop and drain; and
+the records kept for them (the compliance audit, the tuning drop-in of `dynbatchd.overrides`).
+Warmup, erasure and the top-users sketch are `dynbatchd.cache_operations`, a canary
+`dynbatchd.canary_operations`: objects the daemon holds, not more of this mixin.
 
 Every change of a channel's settings (a tune, a canary, a reload) passes the one risk assessment
 of `dynbatchd.tuning.risk.assess_change`, run off the event loop, and is refused when risky
@@ -98,7 +99,7 @@ class Operations(Membership):
             if isinstance(event, AuditEvent):
                 self._on_isolation(event.rule, event.action, event.job)
             else:
-                self._canary_ended(event.split)
+                self.canary.ended(event.split)
 
     # -- control ------------------------------------------------------------
     def status(self) -> dict[str, Any]:
@@ -125,83 +126,9 @@ class Operations(Membership):
             "devices": devices,
             "cache": {**self.cache.snapshot(), "warmup_backlog": snap["warmup_backlog"]} if self.cache is not None else None,
             "compliance": self.audit.snapshot(),
-            "canary": self.canary_report(),
+            "canary": self.canary.report(),
             "overrides": self.overrides.describe(),
         }
-
-    # -- canary -------------------------------------------------------------
-    async def start_canary_checked(self, channel: str, changes: dict[str, Any], share: float, seconds: float,
-                                   shadow: bool, *, by: str = "local", force: bool = False) -> dict[str, Any]:
-        """`start_canary` after the risk assessment, which refuses a risky candidate unless `force`."""
-        validate_config(cfgmod.with_channel(self.config, channel, **changes), self.plugins)   # before any assessment
-        verdict = (await self._assess({channel: changes}))[channel]
-        if not verdict.accepted and not force:
-            log.warning("canary of channel %s by %s refused: risk %s (force to run it anyway)", channel, by,
-                        verdict.verdict())
-            raise RiskRefused(verdict.reason, {"channel": channel, "risk": verdict.as_dict()})
-        self.canary_by[channel] = {"by": by, "risk": verdict.verdict(), "forced": force and not verdict.accepted}
-        return self.start_canary(channel, changes, share, seconds, shadow)
-
-    def start_canary(self, channel: str, changes: dict[str, Any], share: float, seconds: float,
-                     shadow: bool) -> dict[str, Any]:
-        """Run `changes` on `share` of `channel`'s live traffic (copies of it with `shadow`) in a twin
-        channel for `seconds`; the engine's judge then promotes them or rolls back (`_canary_ended`).
-        The candidate is checked by the same rules and compliance plugins as a config file."""
-        from dynbatchd.tuning.canary import CANARY_SUFFIX, Canary   # the tuning package only when asked
-
-        candidate = cfgmod.with_channel(self.config, channel, **changes)
-        validate_config(candidate, self.plugins)
-        twin = channel + CANARY_SUFFIX
-        built = build_channels({twin: candidate.channels[channel]}, self.plugins.window_policies(),
-                               self.plugins.batch_sizers())[twin]
-        judge = Canary(share, int(seconds * 1e9), self.clock(), shadow=shadow)
-        self.engine.start_split(channel, built, judge, shadow=shadow)
-        self.canary_changes[channel] = dict(changes)
-        self.canary_ends.pop(channel, None)
-        who = self.canary_by.setdefault(channel, {"by": "local", "risk": "not assessed", "forced": False})
-        log.info("canary of channel %s started by %s: %s on %.0f%% of its traffic%s for %.0f s (risk %s%s)", channel,
-                 who["by"], _settings_text(changes), 100 * share, " (shadow copies)" if shadow else "", seconds,
-                 who["risk"], "; forced" if who["forced"] else "")
-        self._schedule_pump()
-        return self.canary_report()
-
-    def stop_canary(self, channel: str) -> dict[str, Any]:
-        """End a running canary now, as a rollback."""
-        from dynbatchd.tuning.canary import ROLLBACK, Verdict
-
-        split = self.engine.splits.get(channel)
-        if split is None:
-            raise KeyError(channel)
-        self.engine.end_split(channel, Verdict(ROLLBACK, "stopped by the operator",
-                                               split.judge.figures(self.clock())))
-        self._carry_out(self.engine.take_events())
-        return self.canary_report()
-
-    def _canary_ended(self, split: Any) -> None:
-        """The judge's verdict (or a stop): a promotion becomes the channel's setting as a tune
-        makes it (written to the drop-in); a rollback leaves the incumbent as it runs."""
-        verdict, changes = split.verdict, self.canary_changes.pop(split.channel, {})
-        who = self.canary_by.pop(split.channel, {"by": "local", "risk": "not assessed", "forced": False})
-        action = verdict.action
-        if action == "promote":
-            try:
-                running = cfgmod.to_dict(self.config.channels[split.channel])
-                self._commit(split.channel, {k: running.get(k) for k in changes}, changes, source="canary",
-                             by=who["by"], why=f"canary promoted: {verdict.reason}", risk=who["risk"],
-                             forced=who["forced"])
-            except (ConfigError, OSError) as exc:   # the config changed under the canary, or the disk: keep what runs
-                action, verdict.reason = "rollback", f"promotion refused: {exc}"
-        self.canary_ends[split.channel] = {"action": action, "reason": verdict.reason, "changes": changes,
-                                           "shadow": split.shadow, **verdict.figures}
-        log.info("canary of channel %s ended: %s: %s", split.channel, action, verdict.reason)
-
-    def canary_report(self) -> dict[str, Any]:
-        """The running canary (its figures so far) and how the last one of each channel ended."""
-        now = self.clock()
-        running = {name: {"twin": s.twin, "shadow": s.shadow, "changes": self.canary_changes.get(name, {}),
-                          "duration_s": s.judge.duration_ns / 1e9, **s.judge.figures(now)}
-                   for name, s in self.engine.splits.items()}
-        return {"running": running, "ended": dict(self.canary_ends)}
 
     def metrics_page(self) -> str:
         return render_metrics(self.status(), {name: c.stats.latency.lifetime
@@ -228,7 +155,7 @@ class Operations(Membership):
                 self.engine.add_channel(rebuilt[name])
         for name in set(old.channels) - set(new.channels):
             if name in self.engine.splits:
-                self.stop_canary(name)
+                self.canary.stop(name)
             self.engine.retire_channel(name)
         self.config = msgspec.structs.replace(new, **{key: getattr(old, key) for key in needs_restart})
         self.intake.config = self.config
@@ -250,7 +177,6 @@ class Operations(Membership):
         same rules as the file. A drop-in that no longer validates is refused with one log line
         naming the key, and ignored: the daemon starts on the file alone."""
         self.file_config = config
-        self.canary_by: dict[str, dict[str, Any]] = {}   # channel -> who started its canary, its risk
         try:
             path = state_path(config.daemon, OVERRIDES_FILE)
         except OSError as exc:

@@ -29,6 +29,7 @@ from dynbatchd import __version__, collector, protocol as P, systemd
 from dynbatchd.audit import FILE_NAME as AUDIT_FILE, AuditLog
 from dynbatchd.cache import ResultCache
 from dynbatchd.cache_operations import CacheOperations
+from dynbatchd.canary_operations import CanaryOperations
 from dynbatchd.config import Config, state_path
 from dynbatchd.control.server import ControlServer
 from dynbatchd.daemon_batches import Pending, decode_outcome, encode_batch, fingerprint, freeze, unencodable
@@ -98,8 +99,7 @@ class Daemon(Operations):
         self.control: ControlServer | None = None
         self._queued: dict[tuple[bytes, Any], Job] = {}   # (client identity, request id) -> job, for cancel
         self.doors: list[Any] = []   # started front-door plugins (dynbatchd_front_doors)
-        self.canary_changes: dict[str, dict[str, Any]] = {}   # channel -> what its running canary tries
-        self.canary_ends: dict[str, dict[str, Any]] = {}      # channel -> how its last canary ended
+        self.canary = CanaryOperations(self)   # a channel's candidate settings on a share of its traffic
 
     # -- lifecycle ----------------------------------------------------------
     async def run(self) -> int:

@@ -66,11 +66,12 @@ def test_every_command_is_open_to_clients_or_an_admins():
 class FakeDaemon:
     def __init__(self):
         self.state = "serving"
+        self.canary = self   # the daemon's CanaryOperations: only its report is read here
 
     def status(self):
         return {"daemon": {"state": self.state}, "compliance": {"recent": [{"tenant": "hospital-b"}]}}
 
-    def canary_report(self):
+    def report(self):
         return {"running": {}, "ended": {}}
 
     def request_stop(self):

@@ -122,14 +122,14 @@ def canary(daemon, action: str = "status", channel: str | None = None, share: fl
     `force=true`. `canary action=stop channel=NAME` ends it now as a rollback. One canary at a time.
     """
     if action == "status":
-        return daemon.canary_report()
+        return daemon.canary.report()
     if action not in ("start", "stop"):
         raise CommandError(f"canary action is status, start or stop; not {action!r}")
     if channel not in daemon.config.channels:
         raise CommandError(f"no channel named {channel!r}")
     if action == "stop":
         try:
-            return daemon.stop_canary(channel)
+            return daemon.canary.stop(channel)
         except KeyError:
             raise CommandError(f"no canary of channel {channel!r} is running") from None
     unknown = sorted(set(changes) - set(CANARY_KEYS))
@@ -151,7 +151,7 @@ def canary(daemon, action: str = "status", channel: str | None = None, share: fl
 async def _start_canary(daemon, channel: str, changes: dict[str, Any], share: float, seconds: float,
                         shadow: bool, by: str, force: bool) -> dict[str, Any]:
     try:
-        return await _settled(daemon.start_canary_checked(channel, changes, share, seconds, shadow, by=by,
+        return await _settled(daemon.canary.start_checked(channel, changes, share, seconds, shadow, by=by,
                                                           force=force))
     except ValueError as exc:   # one already runs, or the last one's twin is still draining
         raise CommandError(str(exc)) from None
