@@ -190,7 +190,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
             a = trace[i]
             admitted = intake.admit(RequestMeta(a.model, a.tokens, a.tags, a.request_type, a.user_frequency,
                                                 a.priority, a.tenant, text=a.text, deadline_ms=a.deadline_ms,
-                                                channel=a.channel or (route(a) if route else None)), i)
+                                                channel=route(a) if route else a.channel), i)
             if isinstance(admitted, Refusal):
                 channel_of[i], slo[i] = admitted.channel or "", 0
                 if admitted.rule is not None:
