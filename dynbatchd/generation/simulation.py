@@ -10,11 +10,13 @@ members until its longest member ends. Every figure this produces is SIMULATED.
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from dataclasses import dataclass, field
 
 from dynbatchd.generation.batching import ChannelTargets, Finished, GenerationScheduler, GenRequest, StepPlan
 from dynbatchd.generation.kv import KVLedger
+from dynbatchd.simulate.traces import poisson
 
 
 @dataclass(frozen=True)
@@ -42,9 +44,8 @@ def mixed_workload(n: int, *, rate_per_s: float, seed: int = 0, channels: tuple[
                    ) -> list[GenRequest]:
     """Poisson arrivals; prompt and output lengths log-uniform over their ranges (many short, some long)."""
     rng = random.Random(seed)
-    t, out = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(rate_per_s) * 1000.0
+    out = []
+    for i, t in zip(range(n), poisson(rng, rate_per_s, 0.0, math.inf, unit=1000.0)):
         prompt = round(_log_uniform(rng, *prompt_range))
         output = round(_log_uniform(rng, *output_range))
         out.append(GenRequest(f"r{i}", channels[i % len(channels)], prompt, output, t))
@@ -55,9 +56,8 @@ def k12_workload(n: int, *, rate_per_s: float, seed: int = 0) -> list[GenRequest
     """The guide's K12 case: 95% short chat turns (channel "chat"), 5% homework grading with
     10k+ token prompts (channel "grading")."""
     rng = random.Random(seed)
-    t, out = 0.0, []
-    for i in range(n):
-        t += rng.expovariate(rate_per_s) * 1000.0
+    out = []
+    for i, t in zip(range(n), poisson(rng, rate_per_s, 0.0, math.inf, unit=1000.0)):
         if rng.random() < 0.05:
             out.append(GenRequest(f"g{i}", "grading", rng.randint(10_000, 14_000), rng.randint(128, 512), t))
         else:
