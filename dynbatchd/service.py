@@ -20,7 +20,6 @@ import shutil
 import signal
 import tempfile
 import time
-from collections import Counter
 from typing import Any, Callable
 
 import zmq
@@ -199,7 +198,8 @@ class Daemon(Operations):
             return
         job, channel = admitted, admitted.channel
         answer = self.engine.submit(job, self.clock())
-        self._carry_out(self.engine.take_events())
+        if events := self.engine.take_events():   # an audit decision (rare), now that submit has returned
+            self._carry_out(events)
         if answer is not None:
             self._send((answer,), channel)
         else:
@@ -239,7 +239,7 @@ class Daemon(Operations):
         """Each engine answer as a reply to its client (warmup inputs have none). `channel`: the
         answers' channel, for the log line of an error, when they were never queued (answered at once)."""
         front, queued, release = self.front, self._queued, self.quotas.release
-        counted: Counter[tuple[str | None, str, str]] = Counter()   # the answers per tenant and model, counted once at the end
+        counted: dict[tuple[str | None, str, str], int] = {}   # the answers per tenant and model, counted once at the end
         for answer in answers:
             pending = answer.payload
             envelope, request = pending.envelope, pending.request
@@ -247,7 +247,8 @@ class Daemon(Operations):
                 continue
             job = queued.pop((envelope[0], request.id), None)
             release(pending)   # its tenant's in-flight place, whatever the answer
-            counted[(request.tenant, request.model, answer.code)] += 1
+            kind = (request.tenant, request.model, answer.code)
+            counted[kind] = counted.get(kind, 0) + 1
             if answer.code != OK:
                 self._log_answer(request, answer.code, answer.message, job.channel if job is not None else channel)
             if isinstance(envelope, LocalEnvelope):

@@ -18,7 +18,7 @@ logic, no clock: the daemon calls `count` once per answer.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 TOP_TENANTS = 20        # tenants with series of their own
 CANDIDATES = 8          # the sketch of candidates holds this many times TOP_TENANTS tenants
@@ -52,7 +52,7 @@ class TenantAnswers:
             counters = self._promote(name, seen)
         (counters if counters is not None else self.other)[(model, code)] += n
 
-    def count_all(self, answers: Counter[tuple[str | None, str, str]]) -> None:
+    def count_all(self, answers: Mapping[tuple[str | None, str, str], int]) -> None:
         """Many answers at once ((tenant, model, code) -> how many): a batch's replies are counted
         in one pass per kind, not one call per request (this runs on the daemon's reply path)."""
         for (tenant, model, code), n in answers.items():

@@ -88,7 +88,7 @@ def test_an_operators_stop_is_a_verdict_event_too():
     e.start_split("c", build_channels({TWIN: ChannelSettings(max_batch=4, window_ms=0, deadline_ms=100)})[TWIN],
                   LoggingJudge([]))
     split = e.end_split("c", "stopped by the operator")
-    assert e.take_events() == [VerdictEvent(split)] and e.take_events() == []
+    assert e.take_events() == [VerdictEvent(split)] and not e.take_events()
 
 
 def test_isolation_decisions_are_audit_events_in_order_and_nothing_else_is():
@@ -97,11 +97,11 @@ def test_isolation_decisions_are_audit_events_in_order_and_nothing_else_is():
     answer = e.submit(refused, 0)
     assert answer is not None and answer.code == P.REFUSED
     assert e.submit(Job("m", "c", 1, 100, "named", tenant="t1"), 0) is None   # a tenant: no decision
-    assert e.take_events() == [AuditEvent(ANONYMOUS_RULE, "refused", refused)] and e.take_events() == []
+    assert e.take_events() == [AuditEvent(ANONYMOUS_RULE, "refused", refused)] and not e.take_events()
     alone = engine(isolated=True, anonymous="alone")
     driver = Driver(alone, [])
     for payload in ("first", "second"):
         assert alone.submit(Job("m", "c", 1, 100, payload), 0) is None
     driver.carry_out()
     assert driver.audited == [(ANONYMOUS_RULE, "ran alone", "first"), (ANONYMOUS_RULE, "ran alone", "second")]
-    assert alone.take_events() == []
+    assert not alone.take_events()

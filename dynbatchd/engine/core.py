@@ -57,6 +57,8 @@ from dynbatchd.engine.warmup import Warmup
 from dynbatchd.scheduler import Channel, Scheduler
 from dynbatchd.telemetry import DeviceStats
 
+NO_EVENTS: tuple[EngineEvent, ...] = ()   # what `take_events` returns when there is nothing to carry out
+
 
 class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
     """The engine's front (requests in, answers and dispatches out); its other jobs live in the
@@ -156,10 +158,13 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
             self.channels[job.channel].stats.refused += 1
         self.outbox.append(AuditEvent(rule, action, job))
 
-    def take_events(self) -> list[EngineEvent]:
+    def take_events(self) -> Sequence[EngineEvent]:
         """The audit decisions and canary verdicts of the calls since the last take, oldest first, for
         the driver to carry out now that the engine is between calls (see `dynbatchd.engine.events`)."""
-        events, self.outbox = self.outbox, []
+        events = self.outbox
+        if not events:
+            return NO_EVENTS   # the common case: no new list per call on the request path
+        self.outbox = []
         return events
 
     def cancel(self, job: Job, now_ns: int) -> Answer | None:

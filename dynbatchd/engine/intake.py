@@ -70,10 +70,22 @@ class Intake:
                  quota: Callable[[str | None, Any], str | None] | None = None,
                  observe_user: Callable[[str | None, str, str, str], None] | None = None,
                  loading: Container[str] | Callable[[str], bool] = (), curve: bool = False):
-        self.config, self.route, self.admit_check = config, route, admit_check
+        self.config, self.route, self.admit_check = config, route, admit_check   # (the setter below)
         self.cache_on, self.cache_rule, self.quota, self.observe_user = cache_on, cache_rule, quota, observe_user
         self.loading = loading if callable(loading) else loading.__contains__
         self.curve = curve
+
+    @property
+    def config(self) -> Any:
+        return self._config
+
+    @config.setter
+    def config(self, config: Any) -> None:
+        """A new config (a reload): what `admit` reads of it per request is looked up here, once."""
+        self._config = config
+        self._models = getattr(config, "models", None)
+        self._channels = config.channels
+        self._key_tenants = config.compliance.key_tenants
 
     @classmethod
     def from_plugins(cls, config: Any, plugins: Any, **kwargs: Any) -> "Intake":
@@ -83,19 +95,18 @@ class Intake:
 
     def admit(self, meta: RequestMeta, payload: Any = None) -> Job | Refusal:
         """A Job to submit, or why not (in the daemon's order: model, routing, tenancy, compliance, quota)."""
-        config = self.config
-        models = getattr(config, "models", None)
-        if models is not None and meta.model not in models:
-            return Refusal(P.UNKNOWN_MODEL, f"no model named {meta.model!r}")
-        if self.loading(meta.model):
-            return Refusal(P.UNKNOWN_MODEL, f"model {meta.model!r} is still loading")
-        info = RequestInfo(meta.model, meta.tags, meta.request_type, meta.user_frequency, meta.tokens,
-                           meta.priority, meta.tenant, meta.user)
+        model, models = meta.model, self._models
+        if models is not None and model not in models:
+            return Refusal(P.UNKNOWN_MODEL, f"no model named {model!r}")
+        if self.loading(model):
+            return Refusal(P.UNKNOWN_MODEL, f"model {model!r} is still loading")
+        config, tenant = self._config, meta.tenant
+        info = RequestInfo(model, meta.tags, meta.request_type, meta.user_frequency, meta.tokens,
+                           meta.priority, tenant, meta.user)
         channel = meta.channel or self.route(info, config)
-        settings = config.channels[channel]
-        tenant = meta.tenant
-        key_tenants = config.compliance.key_tenants
-        if self.curve and key_tenants and settings.isolated:
+        settings = self._channels[channel]
+        key_tenants = self._key_tenants
+        if key_tenants and self.curve and settings.isolated:
             tenant, refusal = tenant_of_key(key_tenants, meta.peer, meta.tenant, meta.key_tenant)
             if refusal:
                 return Refusal(P.REFUSED, refusal[1], refusal[0], channel, meta.tenant)
@@ -107,12 +118,12 @@ class Intake:
         cache_key = rule = None
         if meta.text is not None:
             if self.cache_on:
-                cache_key = cache_key_of(meta.model, tenant, meta.text)
+                cache_key = cache_key_of(model, tenant, meta.text)
             if self.cache_rule is not None:
                 rule = self.cache_rule(info)
             if meta.user is not None and self.observe_user is not None and not settings.isolated:
-                self.observe_user(tenant, meta.user, meta.model, meta.text)
-        return Job(meta.model, channel, meta.tokens, meta.deadline_ms or settings.deadline_ms,
+                self.observe_user(tenant, meta.user, model, meta.text)
+        return Job(model, channel, meta.tokens, meta.deadline_ms or settings.deadline_ms,
                    payload, tenant, cache_key, rule)
 
 
