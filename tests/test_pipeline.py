@@ -291,3 +291,32 @@ def test_two_feeders_of_one_simulated_device_take_turns_at_it(tmp_path, monkeypa
     worker.join()
     output = runner.forward(prepared)
     assert runner.device_ns(output) == 1_000_000             # the sleep alone, not the wait
+
+
+class InlineThreads(Runner):
+    """A runner with nothing to overlap (`INLINE`, as noop): records the thread each batch ran in."""
+    INLINE = True
+
+    def __init__(self):
+        super().__init__("cpu", {})
+        self.threads: list[str] = []
+
+    def run(self, inputs, tokens):
+        self.threads.append(threading.current_thread().name)
+        return list(inputs)
+
+
+def test_an_inline_runner_runs_in_the_callers_thread_and_after_a_pipelined_batch_before_it():
+    sent: list[Finished] = []
+    pipe = Pipeline(sent.append)
+    inline, staged = InlineThreads(), SimulatedRunner("cpu", {"base_ms": 0.0, "per_item_ms": 0.0})
+    try:
+        pipe.submit(0, staged, "sim", ["a"], [1])      # on the device thread
+        pipe.submit(1, inline, "noop", ["b", "c"], [1, 1])
+        assert [f.batch_id for f in sent] == [0, 1]    # sent before submit returned, in order
+        pipe.submit(2, inline, "noop", ["d"], [1])
+        assert [f.batch_id for f in sent] == [0, 1, 2]
+    finally:
+        pipe.close()
+    assert inline.threads == [threading.current_thread().name] * 2
+    assert answers(sent[1].run) == ["b", "c"]

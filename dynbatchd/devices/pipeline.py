@@ -6,7 +6,8 @@ socket) decodes, `prepare`s, `finish`es and sends; one device thread runs
 hands it to `send`, then prepares batch k+1. `submit` returns once the device
 has taken its batch, so at most one batch is in each stage: memory stays
 bounded and no batch waits behind more than one other. Results go to `send`
-in the order the batches were submitted.
+in the order the batches were submitted. A runner with no device stage to overlap (`INLINE`, as
+``noop``) runs in the caller's thread instead: the hand-offs would be all it paid for.
 
 A failure is isolated exactly as the serial worker isolates it: when a stage
 raises for a batch (or one of its inputs is refused by `check`), that batch
@@ -94,6 +95,12 @@ class Pipeline:
         except Exception as exc:
             batch.fallback, batch.failure = True, exc
         batch.prepare_ns = time.perf_counter_ns() - start
+        if getattr(runner, "INLINE", False):   # no device stage to overlap (noop): no thread hand-offs
+            self.flush()                       # (results keep the order of submission)
+            with self._device:
+                self._forward(batch)
+            self._finish(batch)
+            return
         with self._cond:
             if self._closed:
                 raise RuntimeError("the pipeline is closed")

@@ -175,6 +175,7 @@ class NoopRunner(Runner):
 
     NAME = "noop"
     OPTIONS = {}
+    INLINE = True   # nothing to overlap: the worker's pipeline runs it in its own thread (devices/pipeline.py)
 
     def run(self, inputs, tokens):
         return [0] * len(inputs)
