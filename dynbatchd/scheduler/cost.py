@@ -58,8 +58,10 @@ class CostModel:
         if lo[0] <= n <= hi[0] and lo[1] <= k <= hi[1]:   # (beyond what it has seen, the fit only guesses)
             ratio = t / max(1.0, self.estimate_ns(size, tokens))
             direction = 1 if ratio > self.OUTLIER else -1 if ratio < 1 / self.OUTLIER else 0
-        self._seen = ((min(lo[0], n), min(lo[1], k)), (max(hi[0], n), max(hi[1], k)))
-        if not direction:
+        else:
+            self._seen = ((min(lo[0], n), min(lo[1], k)), (max(hi[0], n), max(hi[1], k)))
+        refit = not direction
+        if refit:
             self._surprises = 0
             self._add(n, k, t)
         elif (self._surprises > 0) == (direction > 0) and self._surprises:
@@ -67,6 +69,7 @@ class CostModel:
         else:
             self._surprises = direction
         if abs(self._surprises) >= self.REGIME:   # not an outlier: the device changed (or just warmed up)
+            refit = True
             self._sums = [0.0] * 9
             self._seen = _NOTHING_SEEN
             for n, k, t in list(self._recent)[-self.REGIME:]:
@@ -77,7 +80,8 @@ class CostModel:
         self.samples += 1
         if now_ns is not None:
             self.confirmed_ns = now_ns
-        self._coef = _nnls(self._sums)
+        if refit:   # (a batch left out changes no sum: the fit stands)
+            self._coef = _nnls(self._sums)
         self.settled = self.samples >= self.SETTLED_AFTER
         self.tokens_matter = self._coef[2] > 0 or not self.settled
         disputed = self._overestimates_recent()
@@ -86,16 +90,17 @@ class CostModel:
         self.disputed = disputed
 
     def _add(self, n: float, k: float, t: float) -> None:
-        s, f = self._sums, self.forget
-        for i, v in enumerate((1.0, n, k, n * n, n * k, k * k, t, n * t, k * t)):
-            s[i] = s[i] * f + v
+        f = self.forget   # (one list a batch: this runs on the daemon's result path)
+        self._sums = [a * f + v for a, v in zip(self._sums, (1.0, n, k, n * n, n * k, k * k, t, n * t, k * t))]
 
     def _overestimates_recent(self) -> bool:
         recent = self._recent
         if len(recent) < 3:
             return False
-        ratios = sorted(_predict(self._coef, n, k) / t for n, k, t in recent)
-        return ratios[len(ratios) // 2] > self.DISPUTE
+        # The median ratio of fit to measured is above DISPUTE when more than half of them are (no sort).
+        base, per_item, per_token = self._coef
+        over = sum(base + per_item * n + per_token * k > self.DISPUTE * t for n, k, t in recent)
+        return over > (len(recent) - 1) // 2
 
     # -- reading ------------------------------------------------------------
     def coefficients(self) -> tuple[float, float, float]:
@@ -119,10 +124,6 @@ class CostModel:
             return 0
         bounds = sorted(t * max(1.0, size / n, tokens / k if k else 1.0) for n, k, t in self._recent)
         return int(bounds[len(bounds) // 2])
-
-
-def _predict(coef: tuple[float, float, float], n: float, k: float) -> float:
-    return coef[0] + coef[1] * n + coef[2] * k
 
 
 def _nnls(sums: list[float]) -> tuple[float, float, float]:
