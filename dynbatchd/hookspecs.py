@@ -275,6 +275,16 @@ def dynbatchd_runners() -> dict[str, Any]:
         Optional: the device time of a batch the runner timed itself (CUDA
         events), read after ``finish``; the base class returns None, and then
         the time ``forward`` took counts as the device time.
+    ``model_directory(options) -> (path, max_tokens) | None``
+        Class method, read without building the runner: the directory with the
+        model's config.json that ``dynbatchctl plan`` and the daemon's
+        per-device batch limits size it from, and its sequence cap. The base
+        class returns the ``path`` option and ``max_tokens``; None: nothing to
+        plan from (the batches are then limited by ``max_batch`` alone).
+    ``own_limit(options, device) -> (items, tokens) | None``
+        Class method: the batch limit on ``device`` by the runner's own account
+        (0: none), which the planner then does not second-guess; the base class
+        returns None (the planner decides from ``model_directory``).
     ``simulated``
         Class attribute, False by default: True when the runner models a
         device instead of running one, so every timing it causes is labelled

@@ -31,6 +31,7 @@ class Membership:
     loading_models: set[str] = frozenset()     # added by a reload, not loaded on any worker yet
     unloading_models: set[str] = frozenset()   # removed by a reload, still holding accepted requests
     model_specs: dict[str, Any] = {}           # what the workers hold, by model (set at start)
+    plugins: Any                               # the daemon's Plugins: its runner classes size the devices
 
     def _models_need_restart(self, old: Config, new: Config) -> bool:
         """Models can change live only on a pool that loads them live (not Ray), and only by being
@@ -58,7 +59,7 @@ class Membership:
         answers = getattr(self, "tenant_answers", None)   # /metrics labels a model it knows by name
         if answers is not None and answers.models is not None:
             answers.models |= set(new.models)
-        self.engine.set_device_limits(device_limits(new, self.devices, NvmlProbe()))   # sized per device again
+        self.engine.set_device_limits(device_limits(new, self.devices, self.plugins.runners(), NvmlProbe()))   # per device again
         if self.pool is not None:
             self.pool.set_models([self.model_specs[n] for n in [*new.models, *sorted(self.unloading_models)]])
             self._models_loaded()

@@ -212,21 +212,12 @@ class DeviceLimit(NamedTuple):
     source: str = ""           # "config", "NVML", "runner" ("" where nothing is known)
 
 
-def model_directory(runner: str, options: dict[str, Any]) -> tuple[Path, int | None] | None:
-    """(model directory, the runner's sequence cap) a runner's options name, or None (no config.json
-    to plan from: a program file, a callable without ``path``, a simulated device)."""
-    if runner in ("torchscript", "exported", "simulated", "noop"):
-        return None
-    if options.get("path"):
-        return Path(options["path"]), options.get("max_tokens")
-    if runner == "sentence-embedding":
-        from dynbatchd.devices.runners import default_model_path
-
-        try:
-            return Path(default_model_path()), options.get("max_tokens", 256)
-        except ImportError:   # the bundled model is not installed: the worker says so when it loads
-            return None
-    return None
+def model_directory(runner: Any, options: dict[str, Any]) -> tuple[Path, int | None] | None:
+    """(model directory, sequence cap) the runner class `runner` plans from (its
+    ``model_directory``: built-in and third-party runners alike), or None: no config.json to plan
+    from (a program file, a callable without ``path``, a simulated device)."""
+    found = runner.model_directory(options) if hasattr(runner, "model_directory") else None
+    return None if found is None else (Path(found[0]), found[1])
 
 
 def device_memory_bytes(settings: Any, device: str, probe: Any = None) -> tuple[int, str]:
@@ -241,14 +232,13 @@ def device_memory_bytes(settings: Any, device: str, probe: Any = None) -> tuple[
     return 0, ""
 
 
-def model_limit(runner: str, options: dict[str, Any], device: str, total_bytes: int, source: str) -> DeviceLimit:
-    """One model's batch limit on `device`: a simulated device's own memory_items / memory_tokens, or
-    the planner's max batch (`plan_memory`, as ``dynbatchctl plan``) for the model's config.json."""
-    if runner == "simulated":
-        from dynbatchd.devices.runners import simulated_options
-
-        opts = simulated_options(options, device)
-        items, tokens = int(opts.get("memory_items", 0)), int(opts.get("memory_tokens", 0))
+def model_limit(runner: Any, options: dict[str, Any], device: str, total_bytes: int, source: str) -> DeviceLimit:
+    """One model's batch limit on `device`: the runner class's own (`own_limit`: a simulated
+    device's memory_items / memory_tokens), or the planner's max batch (`plan_memory`, as
+    ``dynbatchctl plan``) for the config.json of its `model_directory`. `runner`: the class."""
+    own = runner.own_limit(options, device) if hasattr(runner, "own_limit") else None
+    if own is not None:
+        items, tokens = own
         return DeviceLimit(items, tokens, "runner" if items or tokens else "")
     found = model_directory(runner, options) if total_bytes else None
     if found is None:
@@ -264,13 +254,15 @@ def model_limit(runner: str, options: dict[str, Any], device: str, total_bytes: 
     return DeviceLimit(max(1, mp.max_batch), tokens, source)
 
 
-def device_limits(config: Any, devices: list[str], probe: Any = None) -> list[DeviceLimit]:
+def device_limits(config: Any, devices: list[str], runners: dict[str, Any], probe: Any = None) -> list[DeviceLimit]:
     """Each device's batch limit for the engine (`Engine(device_limits=...)`): with several models,
-    the tightest model's (an engine limit is per device, whatever the model), and its source."""
+    the tightest model's (an engine limit is per device, whatever the model), and its source.
+    `runners`: the runner classes by name (``Plugins.runners()``), which say what to plan from."""
     out = []
     for device in devices:
         total, source = device_memory_bytes(config.devices, device, probe)
-        limits = [model_limit(m.runner, dict(m.options), device, total, source) for m in config.models.values()]
+        limits = [model_limit(runners.get(m.runner), dict(m.options), device, total, source)
+                  for m in config.models.values()]
         items = min((lim for lim in limits if lim.items), default=None, key=lambda lim: lim.items)
         tokens = min((lim for lim in limits if lim.tokens), default=None, key=lambda lim: lim.tokens)
         out.append(DeviceLimit(items.items if items else 0, tokens.tokens if tokens else 0,

@@ -86,7 +86,7 @@ class Daemon(Operations):
                              feeders=config.devices.workers_per_device,
                              queue_lead_ns=int(config.devices.queue_lead_ms * 1e6), cache=self.cache,
                              freeze=freeze, fingerprint=fingerprint, now_ns=self.started_ns,
-                             device_limits=device_limits(config, self.devices, NvmlProbe()))   # sized per device
+                             device_limits=device_limits(config, self.devices, plugins.runners(), NvmlProbe()))   # sized per device
         self.audit = AuditLog(config.compliance.audit_log or state_path(config.daemon, AUDIT_FILE))
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0

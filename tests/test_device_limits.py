@@ -12,10 +12,12 @@ from dynbatchd.config import ChannelSettings
 from dynbatchd.devices.runners import OptionError, SimulatedRunner, check_options
 from dynbatchd.engine import Engine, Job, Outcome
 from dynbatchd.memory import DeviceLimit, device_limits
+from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import NvmlProbe
 
 MS = 1_000_000
+RUNNERS = Plugins.load().runners()   # the runner classes, which say what the planner sizes them from
 BASE = {"models": {"m": {"runner": "sentence-embedding"}},
         "channels": {"standard": {"max_batch": 64, "window_ms": 1}}}
 
@@ -96,19 +98,19 @@ class FakeNvml:
 def test_each_device_is_sized_from_its_configured_memory_else_nvml_else_unlimited(monkeypatch):
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     cfg = parse({"use": ["cuda:0", "cuda:1", "cpu"], "memory_gb": {"cuda:1": 2}})
-    nvml, small, cpu = device_limits(cfg, ["cuda:0", "cuda:1", "cpu"], NvmlProbe(FakeNvml()))
+    nvml, small, cpu = device_limits(cfg, ["cuda:0", "cuda:1", "cpu"], RUNNERS, NvmlProbe(FakeNvml()))
     assert (nvml.source, small.source, cpu) == ("NVML", "config", DeviceLimit(0, 0, ""))
     assert nvml.items > small.items > 0      # 80 GiB holds far more of the model than 2 GB
     # The configured figure wins over NVML's for the same device.
     cfg = parse({"use": ["cuda:0"], "memory_gb": {"cuda:0": 2}})
-    assert device_limits(cfg, ["cuda:0"], NvmlProbe(FakeNvml())) == [small]
+    assert device_limits(cfg, ["cuda:0"], RUNNERS, NvmlProbe(FakeNvml())) == [small]
 
 
 def test_a_simulated_device_is_sized_by_its_own_memory_items():
     cfg = cfgmod.parse({"models": {"sim": {"runner": "simulated", "options": {
                             "memory_items": 32, "memory_tokens": 900, "devices": {"cuda:1": {"memory_items": 4}}}}},
                         "channels": BASE["channels"], "devices": {"use": ["cuda:0", "cuda:1"]}})
-    assert device_limits(cfg, ["cuda:0", "cuda:1"]) == [(32, 900, "runner"), (4, 900, "runner")]
+    assert device_limits(cfg, ["cuda:0", "cuda:1"], RUNNERS) == [(32, 900, "runner"), (4, 900, "runner")]
 
 
 # --- an out-of-memory, learned where it happened -------------------------------------------------

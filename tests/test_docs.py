@@ -424,7 +424,9 @@ def public_contract(cls: type) -> dict[str, list[str] | None]:
     for name, member in vars(cls).items():
         if name.startswith("_") and name != "__init__":
             continue
-        if inspect.isfunction(member):
+        if isinstance(member, classmethod):
+            out[name] = [p for p in inspect.signature(member.__func__).parameters if p != "cls"]
+        elif inspect.isfunction(member):
             out[name] = [p for p in inspect.signature(member).parameters if p != "self"]
         else:
             out[name] = None

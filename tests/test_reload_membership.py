@@ -8,6 +8,7 @@ from __future__ import annotations
 from dynbatchd import config as cfgmod
 from dynbatchd.engine import Job
 from dynbatchd.membership import Membership, model_specs
+from dynbatchd.plugins import Plugins
 
 from test_engine import MS, Clients, engine, ok_outcome
 
@@ -33,6 +34,7 @@ class FakePool:
 class Daemon(Membership):
     def __init__(self, cfg, pool):
         self.config, self.pool, self.devices = cfg, pool, ["cpu"]
+        self.plugins = Plugins.load()
         self.model_specs = model_specs(cfg)   # as the daemon sets it at start
         self.engine = engine(inflight=1, max_batch=1)
 

@@ -22,7 +22,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from dynbatchd import config as cfgmod
-from dynbatchd.memory import GIB, MemoryPlan, model_dims, plan_memory, read_model_config
+from dynbatchd.memory import GIB, MemoryPlan, model_dims, model_directory, plan_memory, read_model_config
+from dynbatchd.plugins import Plugins
 from dynbatchd.memory import fmt_bytes as _size
 from dynbatchd.errors import DynbatchdError
 
@@ -60,17 +61,13 @@ def resolve_model(cfg: cfgmod.Config | None, model: str | None) -> tuple[str, Pa
     if cfg is not None and (model is None or model in cfg.models):
         name = model or next(iter(cfg.models))
         settings = cfg.models[name]
-        opts = settings.options
-        cap = opts.get("max_tokens")
-        if settings.runner in ("torchscript", "exported"):   # a program file: no config.json to read
+        runner = Plugins.load().runners().get(settings.runner)   # it says what it plans from, built-in or not
+        found = model_directory(runner, dict(settings.options)) if runner is not None else None
+        if found is not None:
+            return name, found[0], found[1]
+        if settings.runner in ("torchscript", "exported"):   # a program file: say where to look instead
             raise PlanError(f"model {name!r} is a {settings.runner} program, which has no config.json to plan "
                             "from; pass --model DIR with the config.json of the model it was exported from")
-        if opts.get("path"):
-            return name, Path(opts["path"]), cap
-        if settings.runner == "sentence-embedding":
-            from dynbatchd.devices.runners import default_model_path
-
-            return name, Path(default_model_path()), cap if cap is not None else 256
         raise PlanError(f"model {name!r} (runner {settings.runner!r}) names no model directory "
                         "(options.path); pass --model DIR with a config.json")
     if model is None:

@@ -86,6 +86,16 @@ class SentenceEmbeddingRunner(StagedRunner):
                "dtype": one_of("float32", "float16", "bfloat16"), "compile": compile_mode,
                "length_buckets": length_buckets}
 
+    @classmethod
+    def model_directory(cls, options: dict[str, Any]) -> tuple[str, int | None] | None:
+        """``path``, else the bundled model's directory; the sequence cap is ``max_tokens`` (256)."""
+        if options.get("path"):
+            return str(options["path"]), options.get("max_tokens", 256)
+        try:
+            return default_model_path(), options.get("max_tokens", 256)
+        except ImportError:   # the bundled model is not installed: the worker says so when it loads
+            return None
+
     def load(self):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -71,6 +71,11 @@ class _ProgramRunner(Runner):
     """What the TorchScript and torch.export runners share: inputs in, first output out."""
 
     OPTIONS = {"path": existing_file, "inputs": input_specs, "batch_size": count(1)}
+
+    @classmethod
+    def model_directory(cls, options: dict[str, Any]) -> None:
+        """A program file has no config.json to plan from."""
+        return None
     REQUIRED = {"path": 'options.path = "/path/to/the/model file"'}
 
     def __init__(self, device, options):

@@ -161,6 +161,21 @@ class Runner:
         None: the time `forward` took is the device time."""
         return None
 
+    # -- what the planner reads (dynbatchd.memory, dynbatchctl plan), without loading the model --
+    @classmethod
+    def model_directory(cls, options: dict[str, Any]) -> tuple[str, int | None] | None:
+        """(the directory holding the model's config.json, the sequence cap) the planner sizes this
+        runner's batches from, or None: nothing to plan from. By default ``options.path`` and
+        ``options.max_tokens``: a third-party runner with those options is planned as a built-in is."""
+        path = options.get("path")
+        return (str(path), options.get("max_tokens")) if path else None
+
+    @classmethod
+    def own_limit(cls, options: dict[str, Any], device: str) -> tuple[int, int] | None:
+        """(items, tokens) a batch may hold on `device` by the runner's own account (0: no limit),
+        overriding the planner's; None (the default): the planner decides from `model_directory`."""
+        return None
+
 
 class StagedRunner(Runner):
     """A runner written as its three stages: `run` is the stages in a row (the serial path, and

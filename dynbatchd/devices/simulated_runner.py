@@ -106,6 +106,12 @@ class SimulatedRunner(StagedRunner):
     NAME = "simulated"
     OPTIONS = {**SIMULATED_OPTIONS, "devices": per_device, "cpu_ms_per_item": milliseconds}
 
+    @classmethod
+    def own_limit(cls, options: dict[str, Any], device: str) -> tuple[int, int]:
+        """The simulated device's own memory (memory_items / memory_tokens on `device`), not a planner's."""
+        opts = simulated_options(options, device)
+        return int(opts.get("memory_items", 0)), int(opts.get("memory_tokens", 0))
+
     def __init__(self, device, options):
         super().__init__(device, options)
         self.model = DeviceModel.from_options(simulated_options(options, device))
