@@ -1,6 +1,6 @@
 """Garbage-collector settings for the serving daemon.
 
-The request path makes no reference cycles (tests/test_engine.py checks it), so the
+The request path makes no reference cycles (tests/engine/test_engine.py checks it), so the
 collector has little to find there, yet with CPython's defaults it ran about 250 times a
 second at 20k requests/s and, with a backlog, every request's objects were still alive
 and got promoted and walked again: about 5% of the daemon's time. So once start-up is

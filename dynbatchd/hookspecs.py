@@ -233,7 +233,7 @@ def dynbatchd_runners() -> dict[str, Any]:
     registered twice is an error.
 
     A runner class subclasses `dynbatchd.devices.runners.Runner`, whose
-    public members are this contract (tests/test_docs.py checks that the two
+    public members are this contract (tests/project/test_docs.py checks that the two
     agree):
 
     ``__init__(device, options)``

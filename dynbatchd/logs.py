@@ -13,7 +13,7 @@ traceback, in the same one line. The text format is the one the daemon always ha
 
 A request id in a log line is the client's own id (ZeroMQ) or the ``X-Request-Id`` of an HTTP
 request, passed through `safe_id`: an int, or a string of printable ASCII cut to `MAX_LOGGED_ID`
-characters. Never the request's content, which no log line may hold (tests/test_no_payload_in_logs.py).
+characters. Never the request's content, which no log line may hold (tests/daemon/test_no_payload_in_logs.py).
 """
 
 from __future__ import annotations

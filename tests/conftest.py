@@ -20,7 +20,11 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-for _path in (str(REPO), str(TESTS)):   # tests/launcher.py, tests/helpers.py (callable runners), the repo
+# tests/launcher.py, tests/helpers.py (callable runners), the repo; and each folder of tests (named as
+# the package's parts are: engine/, scheduler/, devices/ ...), so that a test may reuse another's
+# fixtures by module name (`from test_engine import engine`) wherever the two live.
+_FOLDERS = sorted(str(p) for p in TESTS.iterdir() if p.is_dir() and p.name.isidentifier() and p.name != "__pycache__")
+for _path in (str(REPO), str(TESTS), *_FOLDERS):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
