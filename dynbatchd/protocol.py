@@ -57,6 +57,43 @@ class Request(msgspec.Struct, omit_defaults=True, gc=False):
     priority: int | None = None
     deadline_ms: float | None = None
     cancel: bool = False            # {"id": ID, "cancel": true}: withdraw request ID sent on this connection
+    stream: bool = False            # a generative model: send Chunk frames before the final reply
+    generate: dict[str, Any] | None = None   # per-request generation options (GENERATE_KEYS)
+
+
+# The keys of a request's `generate` map, each checked as the causal-lm runner checks its option.
+GENERATE_KEYS = ("max_new_tokens", "temperature", "top_k", "seed", "stop")
+
+
+def check_generate(options: Any) -> str | None:
+    """Why a request's `generate` map is wrong (naming the key), or None."""
+    if not isinstance(options, dict):
+        return "generate must be a map"
+    for key, value in options.items():
+        if key not in GENERATE_KEYS:
+            return f"generate.{key} is not a generation option (known: {', '.join(GENERATE_KEYS)})"
+        if key == "stop":
+            good = isinstance(value, list) and all(isinstance(s, str) and s for s in value)
+            expected = "a list of non-empty strings"
+        elif key == "temperature":
+            good = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 100
+            expected = "a number from 0 to 100"
+        else:
+            low = 1 if key == "max_new_tokens" else 0
+            good = isinstance(value, int) and not isinstance(value, bool) and low <= value <= 1 << 31
+            expected = f"an integer >= {low}"
+        if not good:
+            return f"generate.{key} must be {expected}, got {value!r}"
+    return None
+
+
+class Chunk(msgspec.Struct, omit_defaults=False, gc=False):
+    """A streamed request's partial reply: `text` new since chunk `chunk - 1` (numbered from 0),
+    covering `tokens` tokens. It has no `ok` key: that is how a client tells it from the final reply."""
+    id: int | str
+    chunk: int
+    text: str
+    tokens: int
 
 
 def estimate_tokens(request: Request) -> int:
@@ -83,6 +120,9 @@ class Timing(msgspec.Struct, omit_defaults=True, gc=False):
     channel: str = ""
     device: str = ""
     simulated: bool = False
+    ttft_us: int = 0        # a generated reply: acceptance to the first token
+    tpot_us: int = 0        # a generated reply: mean time per output token after the first
+    preemptions: int = 0    # a generated reply: times its KV was dropped and recomputed
 
 
 class Reply(msgspec.Struct, omit_defaults=True, gc=False):
@@ -153,12 +193,53 @@ class Failed(msgspec.Struct, array_like=True, gc=False, tag="failed"):
     message: str
 
 
-WorkerToDaemon = Hello | Ready | BatchResult | Failed
-DaemonToWorker = Setup | BatchMsg
+class GenerateJob(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag="generate"):
+    """A generative request for the worker's step loop: its prompt, options and channel's targets.
+    `deadline_ms`: milliseconds left when sent (None: none)."""
+    job: int
+    model: str
+    prompt: str
+    options: dict[str, Any] = {}
+    channel: str = ""
+    priority: int = 0
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    deadline_ms: float | None = None
+
+
+class GenerateCancel(msgspec.Struct, array_like=True, gc=False, tag="gencancel"):
+    job: int
+    reason: str = CANCELLED     # or deadline_exceeded
+
+
+class GenTokens(msgspec.Struct, array_like=True, gc=False, tag="gentokens"):
+    """One step's new text per job: [job, text, tokens] each (coalesced per sequence)."""
+    items: list[tuple[int, str, int]]
+
+
+class GenEnd(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag="genend"):
+    """A job's end: why (length, stop, cancelled, deadline_exceeded, too_large, error), its counts and
+    times in microseconds since the worker took it."""
+    job: int
+    reason: str
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    text: str = ""
+    ttft_us: int = 0
+    tpot_us: int = 0
+    total_us: int = 0
+    preemptions: int = 0
+    message: str = ""
+    kv_in_use_bytes: int = 0     # the worker's KV ledger after this end (0 once nothing runs)
+
+
+WorkerToDaemon = Hello | Ready | BatchResult | Failed | GenTokens | GenEnd
+DaemonToWorker = Setup | BatchMsg | GenerateJob | GenerateCancel
 
 request_decoder = msgspec.msgpack.Decoder(Request)
 _id_decoder = msgspec.msgpack.Decoder(type("_IdOnly", (msgspec.Struct,), {"__annotations__": {"id": Any}, "id": None}))
 reply_decoder = msgspec.msgpack.Decoder(Reply)
+chunk_decoder = msgspec.msgpack.Decoder(Chunk)
 worker_decoder = msgspec.msgpack.Decoder(WorkerToDaemon)
 daemon_decoder = msgspec.msgpack.Decoder(DaemonToWorker)
 

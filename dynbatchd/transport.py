@@ -131,6 +131,8 @@ def validate(request: P.Request, frames: list[bytes]) -> str | None:
         return "tokens must be >= 0"
     if request.deadline_ms is not None and not 0 < request.deadline_ms <= MAX_DEADLINE_MS:
         return f"deadline_ms must be > 0 and <= {MAX_DEADLINE_MS:g} (one day)"
+    if request.generate is not None and (problem := P.check_generate(request.generate)):
+        return problem
     if request.tensor is not None:
         return P.check_tensor(request.tensor, [len(f) for f in frames])
     return None
