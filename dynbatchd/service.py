@@ -36,6 +36,7 @@ from dynbatchd.observer import observe_devices
 from dynbatchd.devices.pool import DevicePool, device_names, pool_class
 from dynbatchd.doors import LocalEnvelope
 from dynbatchd.engine import OK, Answer, Engine, Job
+from dynbatchd.generating import Generations
 from dynbatchd.engine.intake import Intake, Refusal, RequestMeta
 from dynbatchd.memory import device_limits
 from dynbatchd.membership import model_specs
@@ -99,6 +100,7 @@ class Daemon(Operations):
         self._queued: dict[tuple[bytes, Any], Job] = {}   # (client identity, request id) -> job, for cancel
         self.doors: list[Any] = []   # started front-door plugins (dynbatchd_front_doors)
         self.canary = CanaryOperations(self)   # a channel's candidate settings on a share of its traffic
+        self.generation = Generations(self)   # causal-lm requests: their workers' step loops, chunks, ends
 
     # -- lifecycle ----------------------------------------------------------
     async def run(self) -> int:
@@ -123,6 +125,7 @@ class Daemon(Operations):
                               on_gone=self._on_gone, on_read_done=self._pump_if_scheduled,
                               log_level=self.config.daemon.log_level, feeders=self.config.devices.workers_per_device,
                               log_format=self.config.daemon.log_format)
+        self.pool.on_generation = self.generation.on_message
         log.info("dynbatchd %s starting: devices %s, models %s", __version__, ", ".join(self.devices),
                  ", ".join(self.config.models))
         starting = asyncio.ensure_future(self.pool.start(timeout_s=600))
@@ -183,6 +186,8 @@ class Daemon(Operations):
         the engine, a refusal to the client."""
         front = self.front
         if request.cancel:   # no reply of its own: the request it names is answered, once
+            if self.generation.cancel(envelope[0], request.id):
+                return
             job = self._queued.get((envelope[0], request.id))
             self._send([answer] if job and (answer := self.engine.cancel(job, self.clock())) else ())
             return
@@ -197,6 +202,9 @@ class Daemon(Operations):
                 self._reject(envelope, request, admitted.code, admitted.message)
             return
         job, channel = admitted, admitted.channel
+        if self.generation.generative(job.model):
+            self.generation.start(job, job.payload, self.clock())
+            return
         answer = self.engine.submit(job, self.clock())
         if events := self.engine.take_events():   # an audit decision (rare), now that submit has returned
             self._carry_out(events)
@@ -209,7 +217,8 @@ class Daemon(Operations):
     def status(self) -> dict[str, Any]:
         """Operations' status, each tenant's quotas (the most active tenants), and the answers per
         tenant and model (the busiest tenants by name)."""
-        return {**super().status(), "quotas": self.quotas.snapshot(), "tenants": self.tenant_answers.snapshot()}
+        return {**super().status(), "quotas": self.quotas.snapshot(), "tenants": self.tenant_answers.snapshot(),
+                "generation": self.generation.snapshot()}
 
     def _log_answer(self, request: P.Request, code: str, message: str, channel: str | None = None) -> None:
         """One line for a request answered with an error, naming it by its id (dynbatchd.logs). Only a
@@ -335,6 +344,7 @@ class Daemon(Operations):
     def _on_lost(self, worker: int) -> bool:
         """Worker `worker` (the pool's number: device x workers_per_device + feeder) died."""
         device, feeder = divmod(worker, self.engine.feeders)
+        self.generation.lost(worker)
         loss = self.engine.lost(device, self.clock(), feeder)
         self._carry_out(self.engine.take_events())
         self._send(loss.answers)

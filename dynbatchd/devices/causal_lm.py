@@ -10,8 +10,10 @@ O(KV) per step: a paged cache would avoid it and is not built.
 
 Options: ``path`` (a local model directory; nothing is downloaded), ``dtype`` ("auto": the
 model's), ``max_new_tokens``, ``temperature`` (0: greedy), ``top_k``, ``seed``, ``stop`` (strings
-that end a generation, not included in its text). `run` generates a whole batch of prompts, so the
-runner also works in the one-shot worker until the daemon streams.
+that end a generation, not included in its text); ``kv_budget_tokens``, ``max_batch_sequences``,
+``max_prefill_tokens`` and ``mode`` configure the worker's step loop (dynbatchd.generation.serving),
+through which the daemon serves every request for this runner. `run` generates a whole batch of
+prompts (one-shot use outside the daemon: benchmarks, tests).
 """
 
 from __future__ import annotations
@@ -67,7 +69,10 @@ class GenSequence:
 class CausalLMRunner(Runner):
     NAME = "causal-lm"
     OPTIONS = {"path": encoder_dir, "dtype": one_of(*DTYPES), "max_new_tokens": count(1),
-               "temperature": non_negative, "top_k": count(0), "seed": count(0), "stop": stop_strings}
+               "temperature": non_negative, "top_k": count(0), "seed": count(0), "stop": stop_strings,
+               # the worker's generation loop (dynbatchd.generation.serving): KV budget and step limits
+               "kv_budget_tokens": count(1), "max_batch_sequences": count(1), "max_prefill_tokens": count(1),
+               "mode": one_of("continuous", "static")}
     REQUIRED = {"path": 'the model directory (path = "/srv/models/my-model")'}
 
     def __init__(self, device: str, options: dict[str, Any]):

@@ -103,6 +103,7 @@ class DevicePool:
         self.cpu_threads = cpu_threads
         self.on_result, self.on_lost, self.on_ready, self.on_gone = on_result, on_lost, on_ready, on_gone
         self.on_read_done = on_read_done   # after each pass over the results read at once
+        self.on_generation: Callable[[int, Any], None] = lambda worker, msg: None   # GenTokens / GenEnd
         self.log_level, self.log_format = log_level, log_format   # workers log as the daemon does
         self.endpoint = f"ipc://{ipc_dir}/workers.sock"
         self.ipc_dir = ipc_dir
@@ -245,6 +246,8 @@ class DevicePool:
                 worker.batches += 1
                 worker.answered += 1
                 self.on_result(worker.index, msg, frames[2:])
+            elif isinstance(msg, (P.GenTokens, P.GenEnd)):
+                self.on_generation(worker.index, msg)
             elif isinstance(msg, P.Hello):
                 self._setup(worker)
             elif isinstance(msg, P.Ready):

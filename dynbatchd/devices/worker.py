@@ -17,6 +17,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -140,13 +141,18 @@ def serve(endpoint: str, name: str) -> int:
             log.warning("result of batch %d not flushed after 5 s", done.batch_id)
 
     pipeline = Pipeline(send)
+    generating = Generating(sock)
     poller = zmq.Poller()
     poller.register(sock, zmq.POLLIN)
     poller.register(pipeline.fileno(), zmq.POLLIN)
     parent = os.getppid()
     while True:
-        events = dict(poller.poll(1000))
+        events = dict(poller.poll(0 if generating.busy else 1000))
+        if generating.busy:
+            generating.step()   # one token boundary of every generating model
         if not events:
+            if generating.busy:
+                continue
             if os.getppid() != parent:
                 return 0
             continue
@@ -159,6 +165,9 @@ def serve(endpoint: str, name: str) -> int:
         if isinstance(msg, P.Setup):   # a reload changed the model set: load the new, drop the removed
             runners = _adopt_models(sock, name, msg, runners)
             continue
+        if isinstance(msg, (P.GenerateJob, P.GenerateCancel)):
+            generating.handle(msg, runners)
+            continue
         if not isinstance(msg, P.BatchMsg):
             continue
         if msg.model not in runners:   # (the daemon unloads a model only once nothing of it is left)
@@ -168,6 +177,55 @@ def serve(endpoint: str, name: str) -> int:
             continue
         inputs, tokens = decode_inputs(msg, frames[1:])
         pipeline.submit(msg.batch_id, runners[msg.model], msg.model, inputs, tokens)
+
+
+class Generating:
+    """The worker's generation loops (`dynbatchd.generation.serving`), one per causal-lm model,
+    stepped between reads of the socket while any has work."""
+
+    def __init__(self, sock: zmq.Socket):
+        self.sock = sock
+        self.loops: dict[str, Any] = {}
+
+    @property
+    def busy(self) -> bool:
+        return any(loop.busy for loop in self.loops.values())
+
+    def handle(self, msg: Any, runners: dict[str, Runner]) -> None:
+        from dynbatchd.generation.serving import GenerationLoop, scheduler_for
+
+        if isinstance(msg, P.GenerateCancel):
+            for loop in self.loops.values():
+                if (end := loop.cancel(msg.job, msg.reason)) is not None:
+                    self._send(end)
+            return
+        runner = runners.get(msg.model)
+        if runner is None or not hasattr(runner, "decode_step"):
+            why = "is not loaded on this worker" if runner is None else "is not a generative (causal-lm) model"
+            self._send(P.GenEnd(msg.job, "error", message=f"model {msg.model!r} {why}"))
+            return
+        loop = self.loops.get(msg.model)
+        if loop is None or loop.runner is not runner:
+            loop = self.loops[msg.model] = GenerationLoop(runner, scheduler_for(runner.options),
+                                                          lambda: time.monotonic_ns() / 1e6)
+        loop.take(msg)
+
+    def step(self) -> None:
+        for model, loop in list(self.loops.items()):
+            if not loop.busy:
+                continue
+            try:
+                messages = loop.step()
+            except Exception as exc:   # the model failed a step: every job of it ends with model_error
+                log.error("model %s failed a generation step (%s)", model, type(exc).__name__)
+                messages = [end for job in list(loop.jobs) if (end := loop.cancel(int(job), "error")) is not None]
+                for end in messages:
+                    end.message = f"model {model} failed a generation step ({type(exc).__name__})"
+            for message in messages:
+                self._send(message)
+
+    def _send(self, message: Any) -> None:
+        self.sock.send(P.encoder.encode(message))
 
 
 def _adopt_models(sock: zmq.Socket, name: str, setup: P.Setup, runners: dict[str, Runner]) -> dict[str, Runner]:

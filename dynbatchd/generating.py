@@ -1,0 +1,155 @@
+"""The daemon's side of generative requests: a causal-lm model's job to its worker, chunks and
+the one final reply back.
+
+After the intake (compliance, tenancy, routing, deadline default) a request for a generative
+model does not join the engine's batches: it goes at once, as a `GenerateJob` carrying its
+channel's targets, to a worker holding the model (the one with the fewest jobs), whose step loop
+(`dynbatchd.generation.serving`) batches it continuously with the others. The worker's
+`GenTokens` become `Chunk` frames of a streamed request (a ZeroMQ frame to its envelope, or
+`LocalEnvelope.push` for an in-process door); its `GenEnd` becomes the one final reply, through
+the daemon's `_send` like any answer (quota release, counting, logging). A client cancel becomes
+a `GenerateCancel`; the worker frees the KV at the next token boundary and ends the job.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from dynbatchd import protocol as P
+from dynbatchd.engine import OK, Answer
+
+log = logging.getLogger("dynbatchd")
+
+CODES = {"cancelled": P.CANCELLED, "deadline_exceeded": P.DEADLINE_EXCEEDED, "bad_request": P.BAD_REQUEST,
+         "too_large": P.BAD_REQUEST}
+
+
+@dataclass(slots=True)
+class Running:
+    pending: Any        # the daemon's Pending (envelope, request, frames)
+    channel: str
+    worker: int
+    accepted_ns: int
+    chunks: int = 0
+    tokens: int = 0
+
+
+class Generations:
+    """Generate jobs in flight, by job number; `daemon` is the `dynbatchd.service.Daemon`."""
+
+    def __init__(self, daemon: Any):
+        self.daemon = daemon
+        self.jobs: dict[int, Running] = {}
+        self.by_client: dict[tuple[bytes, Any], int] = {}
+        self.next_job = 1
+        self.kv_in_use: dict[int, int] = {}        # worker -> KV tokens its loops hold (after its last end)
+        self.generated_tokens: dict[str, int] = {}  # channel -> tokens generated
+        self.ended: dict[str, int] = {}             # finish reason -> count
+        self._config: Any = None
+        self._generative: set[str] = set()
+
+    def generative(self, model: str) -> bool:
+        """Whether `model`'s runner steps token by token (causal-lm); worked out once per config."""
+        config = self.daemon.config
+        if self._config is not config:
+            runners = self.daemon.plugins.runners()
+            self._generative = {name for name, spec in config.models.items()
+                                if hasattr(runners.get(spec.runner), "decode_step")}
+            self._config = config
+        return model in self._generative
+
+    def start(self, job: Any, pending: Any, now_ns: int) -> None:
+        """Hand an admitted request to a worker holding its model (or answer it unavailable)."""
+        request, pool = pending.request, self.daemon.pool
+        workers = [w for w in getattr(pool, "workers", ()) if w.state == "ready" and request.model in w.models]
+        if not workers:
+            self.daemon._send((Answer(pending, P.UNAVAILABLE, f"no worker holds model {request.model!r} now"),), job.channel)
+            return
+        load = {w.index: 0 for w in workers}
+        for run in self.jobs.values():
+            if run.worker in load:
+                load[run.worker] += 1
+        worker = min(load, key=load.get)
+        number, self.next_job = self.next_job, self.next_job + 1
+        settings = self.daemon.config.channels[job.channel]
+        message = P.GenerateJob(number, request.model, request.text or "", dict(request.generate or {}), job.channel,
+                                settings.priority, getattr(settings, "ttft_ms", None),
+                                getattr(settings, "tpot_ms", None), job.deadline_ms)
+        self.jobs[number] = Running(pending, job.channel, worker, now_ns)
+        self.by_client[(pending.envelope[0], request.id)] = number
+        if not pool.send(worker, [P.encoder.encode(message)]):
+            self._finish(number, Answer(pending, P.UNAVAILABLE, "the model's worker could not be reached"))
+
+    def cancel(self, identity: bytes, request_id: Any) -> bool:
+        """A client's cancel of a generate job (True: it was one; its final reply comes from the worker)."""
+        number = self.by_client.get((identity, request_id))
+        if number is None:
+            return False
+        self.daemon.pool.send(self.jobs[number].worker, [P.encoder.encode(P.GenerateCancel(number))])
+        return True
+
+    def on_message(self, worker: int, msg: Any) -> None:
+        if isinstance(msg, P.GenTokens):
+            for number, text, tokens in msg.items:
+                if (run := self.jobs.get(number)) is not None:
+                    self._chunk(number, run, text, tokens)
+        elif isinstance(msg, P.GenEnd):
+            self.kv_in_use[worker] = msg.kv_in_use_bytes
+            if (run := self.jobs.get(msg.job)) is not None:
+                self._finish(msg.job, self._answer(run, msg))
+
+    def lost(self, worker: int) -> None:
+        """Worker `worker` died: its jobs end with model_error (their KV went with it)."""
+        self.kv_in_use.pop(worker, None)
+        for number, run in list(self.jobs.items()):
+            if run.worker == worker:
+                self._finish(number, Answer(run.pending, P.MODEL_ERROR, "the model's worker stopped mid-generation"))
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"running": len(self.jobs), "kv_in_use_tokens": sum(self.kv_in_use.values()),
+                "generated_tokens": dict(self.generated_tokens), "ended": dict(self.ended)}
+
+    # -- the replies -----------------------------------------------------------------------------
+    def _chunk(self, number: int, run: Running, text: str, tokens: int) -> None:
+        run.tokens += tokens
+        self.generated_tokens[run.channel] = self.generated_tokens.get(run.channel, 0) + tokens
+        request = run.pending.request
+        if not request.stream:
+            return
+        chunk = P.Chunk(request.id, run.chunks, text, tokens)
+        run.chunks += 1
+        envelope = run.pending.envelope
+        push = getattr(envelope, "push", None)
+        if push is not None:
+            push(chunk)
+        elif hasattr(envelope, "settle"):
+            return   # an in-process door that cannot stream: it gets the final reply only
+        elif (front := self.daemon.front) is not None:
+            front.io.send([*envelope, P.encoder.encode(chunk)])
+
+    def _answer(self, run: Running, end: P.GenEnd) -> Answer:
+        self.ended[end.reason] = self.ended.get(end.reason, 0) + 1
+        request = run.pending.request
+        total_us = (self.daemon.clock() - run.accepted_ns) // 1000
+        timing = P.Timing(queue_us=max(0, total_us - end.total_us), compute_us=end.total_us, total_us=total_us,
+                          batch_size=1, channel=run.channel, ttft_us=end.ttft_us + max(0, total_us - end.total_us),
+                          tpot_us=end.tpot_us, preemptions=end.preemptions)
+        if end.reason in ("length", "stop"):
+            value = {"finish_reason": end.reason, "output_tokens": end.output_tokens,
+                     "prompt_tokens": end.prompt_tokens}
+            if not request.stream:
+                value["text"] = end.text
+            return Answer(run.pending, OK, output=(value, None), timing=timing)
+        code = CODES.get(end.reason, P.MODEL_ERROR)
+        message = end.message or {P.CANCELLED: f"cancelled after {end.output_tokens} tokens",
+                                  P.DEADLINE_EXCEEDED: f"deadline passed after {end.output_tokens} tokens"}.get(
+                                      code, f"generation ended: {end.reason}")
+        return Answer(run.pending, code, message, timing=timing)
+
+    def _finish(self, number: int, answer: Answer) -> None:
+        run = self.jobs.pop(number)
+        pending = run.pending
+        self.by_client.pop((pending.envelope[0], pending.request.id), None)
+        self.daemon._send((answer,), run.channel)

@@ -1,0 +1,111 @@
+"""The worker's generation loop: a `GenerationScheduler` beside the runner that owns the KV.
+
+One per causal-lm model in a worker process (as vLLM's EngineCore holds its scheduler and its
+model runner together): the daemon hands it `GenerateJob`s and `GenerateCancel`s, and each `step`
+runs one token boundary — evict what the plan preempted, end what expired, prefill the new,
+decode the running — and returns the messages for the daemon: one `GenTokens` with each
+sequence's new text of the step, and a `GenEnd` per job that ended. Sans-I/O and clock-injected
+(milliseconds), so a test drives it with a fake runner and a counter; the worker
+(`dynbatchd.devices.worker`) only moves its messages.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from dynbatchd import protocol as P
+from dynbatchd.generation.batching import ChannelTargets, Finished, GenerationScheduler, GenRequest
+from dynbatchd.generation.kv import KVLedger
+
+DEFAULT_KV_BUDGET_TOKENS = 32768
+# The runner options this loop reads ([models.NAME] of a causal-lm model; dynbatchd.toml(5)).
+LOOP_OPTIONS = ("kv_budget_tokens", "max_batch_sequences", "max_prefill_tokens", "mode")
+NO_TARGET_MS = 1e12   # a channel without ttft_ms / tpot_ms: no due time from it
+
+
+def scheduler_for(options: dict[str, Any]) -> GenerationScheduler:
+    """A model's scheduler from its runner options; the KV budget is counted in tokens."""
+    ledger = KVLedger(budget_bytes=int(options.get("kv_budget_tokens", DEFAULT_KV_BUDGET_TOKENS)), bytes_per_token=1)
+    return GenerationScheduler(ledger, {}, mode=options.get("mode", "continuous"),
+                               max_batch=int(options.get("max_batch_sequences", 64)),
+                               max_prefill_tokens=int(options.get("max_prefill_tokens", 4096)))
+
+
+class GenerationLoop:
+    """Generate jobs for one model: `take`, `cancel`, then `step` while `busy`."""
+
+    def __init__(self, runner: Any, scheduler: GenerationScheduler, clock: Callable[[], float]):
+        self.runner, self.scheduler, self.clock = runner, scheduler, clock
+        self.jobs: dict[str, P.GenerateJob] = {}
+        self.taken_ms: dict[str, float] = {}
+        self.errors: list[P.GenEnd] = []   # jobs refused before the scheduler saw them
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.errors) or not self.scheduler.idle
+
+    def take(self, job: P.GenerateJob) -> None:
+        """Queue a job; one that can never fit the KV budget, or whose prompt the runner refuses,
+        ends at the next `step` (too_large / bad_request)."""
+        now, key = self.clock(), str(job.job)
+        opts = job.options
+        try:
+            seq = self.runner.add(key, job.prompt, max_new_tokens=opts.get("max_new_tokens"), stop=opts.get("stop"),
+                                  temperature=opts.get("temperature"), top_k=opts.get("top_k"), seed=opts.get("seed"))
+        except Exception as exc:   # (an empty prompt after tokenising): the client's input
+            self.errors.append(P.GenEnd(job.job, "bad_request", message=f"{type(exc).__name__}: {exc}"[:300]))
+            return
+        channels = self.scheduler.channels
+        if job.channel not in channels or channels[job.channel].priority != job.priority:
+            channels[job.channel] = ChannelTargets(job.channel, job.priority, job.ttft_ms or NO_TARGET_MS,
+                                                   job.tpot_ms or NO_TARGET_MS)
+        deadline = None if job.deadline_ms is None else now + job.deadline_ms
+        self.jobs[key], self.taken_ms[key] = job, now
+        ended = self.scheduler.submit(GenRequest(key, job.channel, len(seq.prompt_ids), seq.max_new_tokens, now,
+                                                 deadline), now)
+        if ended is not None:
+            self.errors.append(self._end(ended))
+
+    def cancel(self, job: int, reason: str = P.CANCELLED) -> P.GenEnd | None:
+        """End a job now and free its KV (its end message; None: it already ended)."""
+        ended = self.scheduler.cancel(str(job), self.clock())
+        if ended is None:
+            return None
+        end = self._end(ended)
+        end.reason = reason
+        return end
+
+    def step(self) -> list[Any]:
+        """One token boundary: the messages for the daemon (GenTokens first, then GenEnds)."""
+        out: list[Any] = self.errors
+        self.errors = []
+        plan = self.scheduler.plan(self.clock())
+        for seq_id in plan.preempted:
+            self.runner.preempt(seq_id)
+        out.extend(self._end(end) for end in plan.ended)
+        if plan.empty:
+            return out
+        events = list(self.runner.prefill(plan.prefill)) + list(self.runner.decode_step(plan.decode))
+        tokens = [(int(e.seq_id), e.text, 1) for e in events if e.text]
+        stopped = [e.seq_id for e in events if e.finished == "stop"]
+        ends = [self._end(end) for end in self.scheduler.complete(plan, self.clock(), stopped)]
+        return ([P.GenTokens(tokens)] if tokens else []) + out + ends
+
+    def _end(self, end: Finished) -> P.GenEnd:
+        """The end message of `end`; the runner's sequence (and its KV) goes."""
+        job = self.jobs.pop(end.id, None)
+        taken = self.taken_ms.pop(end.id, end.arrival_ms)
+        seq = self.runner.remove(end.id)
+        reason = "bad_request" if end.reason == "too_large" else end.reason
+        message = ""
+        if end.reason == "too_large":
+            limit = self.scheduler.ledger.budget_bytes
+            message = (f"prompt ({len(seq.prompt_ids) if seq else '?'} tokens) + max_new_tokens "
+                       f"({seq.max_new_tokens if seq else '?'}) can never fit the KV budget of {limit} tokens")
+        us = 1000.0
+        ttft, tpot = end.ttft_ms, end.tpot_ms
+        return P.GenEnd(int(end.id), reason, end.output_tokens if seq is None else len(seq.generated),
+                        len(seq.prompt_ids) if seq else 0, seq.text if seq else "",
+                        int(ttft * us) if ttft is not None else 0, int(tpot * us) if tpot is not None else 0,
+                        int((end.end_ms - taken) * us), end.preemptions, message,
+                        self.scheduler.ledger.in_use_bytes if job is not None or seq is not None else 0)

@@ -1,0 +1,127 @@
+"""A causal-lm model served end to end: one real daemon with the tiny model (built here, offline),
+spoken to over ZeroMQ as a third-party client would (raw msgpack frames), several cases on it."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+import zmq
+
+from conftest import start_daemon
+
+from dynbatchd import protocol as P
+
+pytestmark = pytest.mark.e2e
+PROMPTS = ["w1 w2 w3", "a b c d e", "w10 w20"]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    from dynbatchd.devices.causal_lm import CausalLMRunner
+    from dynbatchd.generation.tinymodel import build_tiny_causal_lm
+
+    tmp = tmp_path_factory.mktemp("gen")
+    path = build_tiny_causal_lm(tmp / "tiny")
+    runner = CausalLMRunner("cpu", {"path": str(path), "max_new_tokens": 12})
+    runner.load()
+    expected = {p: runner.generate([p])[0] for p in PROMPTS}   # one at a time, greedy
+    daemon = start_daemon(tmp, f"""
+        [models.tiny]
+        runner = "causal-lm"
+        options = {{ path = "{path}", max_new_tokens = 12, kv_budget_tokens = 400 }}
+        [channels.standard]
+        max_batch = 8
+        window_ms = 0
+        deadline_ms = 60000
+        [routing]
+        default = "standard"
+    """, cpu_threads=1)
+    yield daemon, expected
+    daemon.stop()
+
+
+def connect(daemon):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.endpoint)
+    return sock
+
+
+def frames_until_final(sock, ids):
+    """Every frame for `ids` until each has its final one: (chunks by id, finals by id)."""
+    chunks, finals = {i: [] for i in ids}, {}
+    while len(finals) < len(ids):
+        assert sock.poll(60_000), "no frame within 60 s"
+        frame = msgspec.msgpack.decode(sock.recv_multipart()[0])
+        assert frame["id"] not in finals, "a frame after the final one"
+        if "ok" in frame:
+            finals[frame["id"]] = frame
+        else:
+            chunks[frame["id"]].append(frame)
+    return chunks, finals
+
+
+def send(sock, rid, text, **extra):
+    sock.send(msgspec.msgpack.encode({"id": rid, "model": "tiny", "text": text, **extra}))
+
+
+def test_streams_equal_one_at_a_time_text_and_end_once(served):
+    daemon, expected = served
+    sock = connect(daemon)
+    try:
+        for rid, prompt in enumerate(PROMPTS):   # concurrent streams, batched together
+            send(sock, rid, prompt, stream=True)
+        chunks, finals = frames_until_final(sock, list(range(len(PROMPTS))))
+        for rid, prompt in enumerate(PROMPTS):
+            assert [c["chunk"] for c in chunks[rid]] == list(range(len(chunks[rid])))
+            assert "".join(c["text"] for c in chunks[rid]) == expected[prompt]
+            final = finals[rid]
+            assert final["ok"] and "text" not in final["value"]
+            assert final["value"]["finish_reason"] in ("length", "stop")
+            assert final["value"]["prompt_tokens"] == len(prompt.split())
+            assert final["timing"]["ttft_us"] > 0
+        assert not sock.poll(300)
+    finally:
+        sock.close()
+
+
+def test_a_request_not_streamed_gets_its_text_in_the_final_reply(served):
+    daemon, expected = served
+    sock = connect(daemon)
+    try:
+        send(sock, "plain", PROMPTS[1], generate={"max_new_tokens": 12})
+        chunks, finals = frames_until_final(sock, ["plain"])
+        assert chunks["plain"] == []
+        assert finals["plain"]["value"]["text"] == expected[PROMPTS[1]]
+    finally:
+        sock.close()
+
+
+def test_cancel_mid_stream_ends_cancelled_and_frees_the_kv(served):
+    daemon, _ = served
+    sock = connect(daemon)
+    try:
+        send(sock, 7, "w1 w2", stream=True, generate={"max_new_tokens": 300, "stop": ["<never>"]})
+        assert sock.poll(60_000)
+        first = msgspec.msgpack.decode(sock.recv_multipart()[0])
+        assert first["chunk"] == 0 or not first.get("ok", True)
+        sock.send(msgspec.msgpack.encode({"id": 7, "cancel": True}))
+        _, finals = frames_until_final(sock, [7])
+        assert finals[7]["ok"] is False and finals[7]["error"]["code"] == P.CANCELLED
+        generation = daemon.status()["generation"]
+        assert generation["running"] == 0 and generation["kv_in_use_tokens"] == 0
+    finally:
+        sock.close()
+
+
+def test_bad_generate_keys_and_requests_that_never_fit_are_refused(served):
+    daemon, _ = served
+    sock = connect(daemon)
+    try:
+        send(sock, "big", "w1 " * 50, generate={"max_new_tokens": 390})
+        send(sock, "key", "w1", generate={"max_tokens": 3})
+        _, finals = frames_until_final(sock, ["big", "key"])
+        assert finals["big"]["error"]["code"] == P.BAD_REQUEST and "KV budget" in finals["big"]["error"]["message"]
+        assert finals["key"]["error"]["code"] == P.BAD_REQUEST and "generate.max_tokens" in finals["key"]["error"]["message"]
+    finally:
+        sock.close()
