@@ -1,0 +1,133 @@
+"""The worker's generation loop (dynbatchd.generation.serving) with a fake runner and a fake clock:
+no torch, no sockets. Each prompt word is a token; a sequence generates "t0 t1 ..."."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dynbatchd import protocol as P
+from dynbatchd.devices.causal_lm import TokenEvent
+from dynbatchd.generation.serving import GenerationLoop, scheduler_for
+
+
+@dataclass
+class FakeSeq:
+    prompt_ids: list[int]
+    max_new_tokens: int
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    kv: bool = False
+
+
+class FakeRunner:
+    def __init__(self):
+        self.sequences: dict[str, FakeSeq] = {}
+        self.steps: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+
+    def add(self, seq_id, prompt, *, max_new_tokens=None, stop=None, temperature=None, top_k=None, seed=None):
+        if not prompt.split():
+            raise ValueError("empty prompt")
+        seq = self.sequences[seq_id] = FakeSeq(list(range(len(prompt.split()))), max_new_tokens or 4)
+        return seq
+
+    def remove(self, seq_id):
+        return self.sequences.pop(seq_id, None)
+
+    def preempt(self, seq_id):
+        self.sequences[seq_id].kv = False
+
+    def _token(self, seq_id):
+        seq = self.sequences[seq_id]
+        seq.kv = True
+        seq.generated.append(len(seq.generated))
+        piece = f"{'' if len(seq.generated) == 1 else ' '}t{len(seq.generated) - 1}"
+        seq.text += piece
+        return TokenEvent(seq_id, seq.generated[-1], piece,
+                          "length" if len(seq.generated) >= seq.max_new_tokens else None)
+
+    def prefill(self, ids):
+        return [self._token(i) for i in ids]
+
+    def decode_step(self, ids):
+        self.steps.append((tuple(ids), ()))
+        return [self._token(i) for i in ids]
+
+
+class Clock:
+    def __init__(self):
+        self.ms = 0.0
+
+    def __call__(self):
+        self.ms += 1.0          # every reading is one millisecond later
+        return self.ms
+
+
+def make(**options):
+    runner = FakeRunner()
+    return runner, GenerationLoop(runner, scheduler_for({"kv_budget_tokens": 100, **options}), Clock())
+
+
+def job(n, prompt="a b c", **kw):
+    return P.GenerateJob(n, "m", prompt, channel="standard", **kw)
+
+
+def run_all(loop):
+    messages = []
+    while loop.busy:
+        messages += loop.step()
+    return messages
+
+
+def test_jobs_join_at_token_boundaries_and_each_ends_once_with_its_text():
+    runner, loop = make()
+    loop.take(job(1, options={"max_new_tokens": 3}))
+    first = loop.step()                     # job 1 prefills alone
+    loop.take(job(2, options={"max_new_tokens": 2}))
+    rest = run_all(loop)
+    tokens = [item for m in first + rest if isinstance(m, P.GenTokens) for item in m.items]
+    ends = {m.job: m for m in first + rest if isinstance(m, P.GenEnd)}
+    assert "".join(t for j, t, _ in tokens if j == 1) == "t0 t1 t2"
+    assert "".join(t for j, t, _ in tokens if j == 2) == "t0 t1"
+    assert ends[1].reason == ends[2].reason == "length"
+    assert (ends[1].output_tokens, ends[1].prompt_tokens, ends[1].text) == (3, 3, "t0 t1 t2")
+    assert ends[2].kv_in_use_bytes == 0 and loop.scheduler.ledger.in_use_bytes == 0
+    assert any(set(ids) == {"1", "2"} for ids, _ in runner.steps)   # they shared a decode step
+    assert runner.sequences == {}
+
+
+def test_cancel_frees_the_kv_at_once_and_ends_the_job_cancelled():
+    runner, loop = make()
+    loop.take(job(1, options={"max_new_tokens": 50}))
+    loop.step()
+    assert loop.scheduler.ledger.in_use_bytes == 3 + 50
+    end = loop.cancel(1)
+    assert end.reason == P.CANCELLED and end.output_tokens == 1 and end.kv_in_use_bytes == 0
+    assert loop.cancel(1) is None          # already ended: nothing twice
+    assert not loop.busy and runner.sequences == {}
+
+
+def test_a_deadline_ends_a_running_job_mid_generation_and_frees_its_kv():
+    _, loop = make()
+    loop.take(job(1, options={"max_new_tokens": 50}, deadline_ms=10.0))
+    messages = run_all(loop)
+    ends = [m for m in messages if isinstance(m, P.GenEnd)]
+    assert [e.reason for e in ends] == ["deadline_exceeded"]
+    assert 0 < ends[0].output_tokens < 50 and loop.scheduler.ledger.in_use_bytes == 0
+
+
+def test_a_job_that_can_never_fit_and_an_empty_prompt_are_bad_requests():
+    _, loop = make()
+    loop.take(job(1, options={"max_new_tokens": 98}))     # 3 + 98 > 100
+    loop.take(job(2, prompt="   "))
+    ends = {m.job: m for m in run_all(loop) if isinstance(m, P.GenEnd)}
+    assert ends[1].reason == ends[2].reason == "bad_request"
+    assert "KV budget of 100 tokens" in ends[1].message
+
+
+def test_static_mode_runs_one_batch_to_its_longest_member():
+    runner, loop = make(mode="static")
+    loop.take(job(1, options={"max_new_tokens": 4}))
+    loop.step()
+    loop.take(job(2, options={"max_new_tokens": 1}))   # arrives mid-batch: waits for the batch to end
+    run_all(loop)
+    assert all("2" not in ids for ids, _ in runner.steps[:2])
