@@ -22,6 +22,22 @@ def _check_ray(src: str, devices: DeviceSettings) -> None:
         raise ConfigError(src, "devices.ray", "needs Ray, which is not installed: pip install 'dynbatchd[ray]'")
 
 
+def _check_generation_targets(cfg: Config, name: str) -> None:
+    """ttft_ms / tpot_ms: targets of generated tokens, so only where some model generates them, and
+    within the channel's deadline (a first token due after the deadline could never count as met)."""
+    ch = cfg.channels[name]
+    for key in ("ttft_ms", "tpot_ms"):
+        value = getattr(ch, key)
+        if value is None:
+            continue
+        if not any(m.runner == "causal-lm" for m in cfg.models.values()):
+            raise ConfigError(cfg.source, f"channels.{name}.{key}",
+                              "is a target of generated tokens, and no model has runner = \"causal-lm\"")
+        if value > ch.deadline_ms:
+            raise ConfigError(cfg.source, f"channels.{name}.{key}",
+                              f"{key} {value:g} ms exceeds the channel deadline {ch.deadline_ms:g} ms")
+
+
 def check_references(cfg: Config) -> None:
     src = cfg.source
     if not cfg.channels:
@@ -43,6 +59,7 @@ def check_references(cfg: Config) -> None:
                               f"window {ch.window_ms:g} ms exceeds the channel deadline {ch.deadline_ms:g} ms")
         if ch.token_buckets != sorted(set(ch.token_buckets)):
             raise ConfigError(src, f"channels.{name}.token_buckets", "must be strictly increasing token counts")
+        _check_generation_targets(cfg, name)
     for ep_key in ("listen", "control"):
         ep = getattr(cfg.daemon, ep_key)
         if not re.match(r"^(tcp|ipc|inproc)://.+", ep):

@@ -26,6 +26,7 @@ NonNegative = Annotated[int, Meta(ge=0, le=MAX_TOKENS)]
 Millis = Annotated[float, Meta(ge=0, le=MAX_MS)]
 Seconds = Annotated[float, Meta(ge=0, le=MAX_S)]
 Priority = Annotated[int, Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)]
+Target = Annotated[float, Meta(gt=0, le=MAX_MS)]   # a latency target: > 0 ms
 
 
 class Frozen(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -110,6 +111,9 @@ class ChannelSettings(Frozen, kw_only=True):
     carries: list[str] = []
     window: PolicySettings | None = None
     batch_size: PolicySettings | None = None
+    # generative (causal-lm) requests: time-to-first-token and time-per-output-token targets
+    ttft_ms: Target | None = None
+    tpot_ms: Target | None = None
 
 
 class RoutingRule(Frozen, kw_only=True):
