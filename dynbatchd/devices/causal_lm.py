@@ -58,7 +58,8 @@ class GenSequence:
     generator: Any = None                # a seeded torch.Generator when sampling
     generated: list[int] = field(default_factory=list)
     kv: list[tuple[Any, Any]] | None = None   # per layer (keys, values), each [1, kv_heads, tokens, head_dim]
-    text: str = ""
+    text: str = ""                       # the text sent so far (`full` less a possible stop string's start)
+    full: str = ""
     finished: str | None = None
 
     @property
@@ -196,9 +197,10 @@ class CausalLMRunner(Runner):
 
     def _next(self, seq_id: str, seq: GenSequence, logits: Any) -> TokenEvent:
         token = _pick(logits, seq)
-        if token == self.eos:
-            seq.finished = "stop"
-            return TokenEvent(seq_id, token, "", "stop")
+        if token == self.eos:   # the end: a tail held back for a stop string that never came goes now
+            seq.finished, delta, seq.text = "stop", seq.full[len(seq.text):], seq.full
+            seq.kv = None
+            return TokenEvent(seq_id, token, delta, "stop")
         seq.generated.append(token)
         text = self.tokenizer.decode(seq.generated, skip_special_tokens=True)
         hit = min((text.find(s) for s in seq.stop if s in text), default=-1)
@@ -206,6 +208,9 @@ class CausalLMRunner(Runner):
             text, seq.finished = text[:hit], "stop"
         elif len(seq.generated) >= seq.max_new_tokens:
             seq.finished = "length"
+        seq.full = text
+        if not seq.finished:   # hold back a tail that could still become a stop string: never sent
+            text = text[:len(text) - _held_tail(text, seq.stop)]
         delta, seq.text = text[len(seq.text):], text
         if seq.finished:
             seq.kv = None             # ended: its KV goes now, its tokens stay until `remove`
@@ -230,6 +235,12 @@ class CausalLMRunner(Runner):
 
     def run(self, inputs, tokens):
         return self.generate([str(x) for x in inputs])
+
+
+def _held_tail(text: str, stops: tuple[str, ...]) -> int:
+    """The length of `text`'s longest end that is the start of a stop string (0: none)."""
+    return max((n for s in stops for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])),
+               default=0)
 
 
 def _left_pad(tensor: Any, length: int) -> Any:

@@ -131,3 +131,12 @@ def test_static_mode_runs_one_batch_to_its_longest_member():
     loop.take(job(2, options={"max_new_tokens": 1}))   # arrives mid-batch: waits for the batch to end
     run_all(loop)
     assert all("2" not in ids for ids, _ in runner.steps[:2])
+
+
+def test_a_tail_that_could_become_a_stop_string_is_held_back():
+    from dynbatchd.devices.causal_lm import _held_tail
+
+    assert _held_tail("w1 w2 EN", ("END",)) == 2          # "EN" may become "END": not sent yet
+    assert _held_tail("w1 w2 E", ("END", "w9")) == 1
+    assert _held_tail("w1 w2", ("END",)) == 0
+    assert _held_tail("abc", ()) == 0
