@@ -1,12 +1,16 @@
 """`AsyncClient`: many requests in flight on one DEALER socket, replies matched by id, on the
 caller's asyncio loop. The blocking `Client` (`dynbatchd.client`) runs one on a thread of its own.
+
+A generative model's request can be streamed (`AsyncClient.stream`): its `Chunk` frames (no `ok`
+key, dynbatchd-protocol(7)) go to that request's queue as the reader meets them, then its final
+reply, so the caller sees text as it is generated and the final answer last.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, Iterable
+from typing import Any, AsyncIterator, Iterable
 
 import zmq
 import zmq.asyncio
@@ -40,6 +44,7 @@ class AsyncClient:
         self._sock.connect(endpoint)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
+        self._streams: dict[int, asyncio.Queue] = {}   # a streamed request's chunks, then its final frames
         self._reader: asyncio.Task | None = None
         self.closed = False
 
@@ -65,6 +70,9 @@ class AsyncClient:
             if not fut.done():
                 fut.set_exception(exc)
                 fut.exception()   # retrieved: a request whose send never finished does not await it
+        streams, self._streams = self._streams, {}
+        for queue in streams.values():
+            queue.put_nowait(exc)
 
     async def _read_replies(self) -> None:
         try:
@@ -72,7 +80,11 @@ class AsyncClient:
                 frames = await self._sock.recv_multipart()
                 try:
                     reply = P.reply_decoder.decode(frames[0])
-                except Exception:
+                except Exception:   # no `ok`: a chunk of a streamed request (or a frame to ignore)
+                    self._chunk(frames[0])
+                    continue
+                if (queue := self._streams.pop(reply.id, None)) is not None:
+                    queue.put_nowait(frames)
                     continue
                 fut = self._pending.pop(reply.id, None)
                 if fut is not None and not fut.done():
@@ -82,12 +94,22 @@ class AsyncClient:
         except Exception as exc:   # the socket failed under us: nobody may keep waiting for it
             self._fail_pending(DynbatchdError(f"connection to {self.endpoint} failed: {exc}", "closed"))
 
+    def _chunk(self, frame: bytes) -> None:
+        try:
+            chunk = P.chunk_decoder.decode(frame)
+        except Exception:
+            return
+        if (queue := self._streams.get(chunk.id)) is not None:
+            queue.put_nowait(chunk)
+
     async def infer_result(self, model: str, inputs: Any, *, tags: Iterable[str] = (), request_type: str | None = None,
                            user_frequency: str | None = None, tokens: int | None = None, priority: int | None = None,
                            deadline_ms: float | None = None, tenant: str | None = None, user: str | None = None,
-                           timeout: float | None = CLIENT_TIMEOUT) -> Result:
+                           generate: dict[str, Any] | None = None, timeout: float | None = CLIENT_TIMEOUT) -> Result:
         """Like `infer`, but also returns the reply's timing.
 
+        `generate`: a generative model's options for this request (max_new_tokens, temperature,
+        top_k, seed, stop); its output is then {finish_reason, output_tokens, prompt_tokens, text}.
         `timeout`: seconds for this request, sending included (default: the
         client's, 60 s unless set; None: no limit). Raises `Timeout` past it.
         """
@@ -101,7 +123,7 @@ class AsyncClient:
         self._pending[req_id] = fut
         frames_out = build_request(
             req_id, model, inputs, tags=tuple(tags), request_type=request_type, user_frequency=user_frequency,
-            tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user)
+            tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user, generate=generate)
 
         async def exchange() -> list[bytes]:
             if self.closed:   # closed before this task ran: a send on a closed socket leaves an orphan future
@@ -141,3 +163,52 @@ class AsyncClient:
     async def infer(self, model: str, inputs: Any, **kwargs: Any) -> Any:
         """Send one input (text, numpy array or plain value) and return its output."""
         return (await self.infer_result(model, inputs, **kwargs)).output
+
+    async def stream(self, model: str, text: str, *, generate: dict[str, Any] | None = None,
+                     tags: Iterable[str] = (), priority: int | None = None, deadline_ms: float | None = None,
+                     tenant: str | None = None, user: str | None = None,
+                     timeout: float | None = CLIENT_TIMEOUT) -> AsyncIterator[P.Chunk | Result]:
+        """Stream a generative model's answer: each `P.Chunk` (its new `text`) as it comes, then one
+        `Result` whose output is {finish_reason, output_tokens, prompt_tokens}; an error ends it as
+        a `DynbatchdError` (after the chunks already yielded). Leaving the loop early cancels the
+        request (the daemon frees its KV at the next token). `timeout` bounds the whole stream.
+        """
+        if self.closed:
+            raise ClientClosed("client closed")
+        limit = self.timeout if timeout is CLIENT_TIMEOUT else timeout
+        if self._reader is None:
+            self._reader = asyncio.ensure_future(self._read_replies())
+        req_id = next(self._ids)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._streams[req_id] = queue
+        loop = asyncio.get_running_loop()
+        end = None if limit is None else loop.time() + limit
+        done = False
+        try:
+            try:
+                await self._sock.send_multipart(build_request(req_id, model, text, tags=tuple(tags), priority=priority,
+                                                              deadline_ms=deadline_ms, tenant=tenant, user=user,
+                                                              stream=True, generate=generate))
+            except zmq.ZMQError as exc:
+                raise (ClientClosed("client closed") if self.closed else
+                       DynbatchdError(f"cannot send to {self.endpoint}: {exc}", "closed")) from None
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), None if end is None else max(0.0, end - loop.time()))
+                except asyncio.TimeoutError:
+                    raise Timeout(f"no end of stream from {self.endpoint} within {limit:g} s") from None
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                if isinstance(item, P.Chunk):
+                    yield item
+                    continue
+                done = True
+                reply, output = parse_reply(item)
+                raise_for(reply)
+                yield Result(reply.id, output, reply.timing or P.Timing())
+                return
+        finally:
+            self._streams.pop(req_id, None)
+            if not done:   # the caller left early, timed out or was cancelled: the daemon stops generating
+                self._cancel(req_id)

@@ -22,9 +22,10 @@ file permissions.
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from concurrent.futures import Future, InvalidStateError
-from typing import Any
+from typing import Any, Iterator
 
 import zmq.asyncio
 
@@ -35,6 +36,9 @@ from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, ERRORS, Bad
                                   Unavailable, UnknownModel, build_request, check_running, not_listening,
                                   parse_reply, raise_for)
 from dynbatchd.controlcall import control_call  # noqa: F401  (public API)
+from dynbatchd.protocol import Chunk
+
+_END = object()
 
 
 class Client:
@@ -103,6 +107,33 @@ class Client:
     def infer(self, model: str, inputs: Any, **kwargs: Any) -> Any:
         """Send one input and block for its output; raises a `DynbatchdError` subclass on error."""
         return self.infer_result(model, inputs, **kwargs).output
+
+    def stream(self, model: str, text: str, **kwargs: Any) -> Iterator[Chunk | Result]:
+        """A generative model's answer as it is generated: each `dynbatchd.protocol.Chunk`, then one
+        `Result` (`AsyncClient.stream`, whose keyword arguments it takes). Leaving the loop early
+        cancels the request."""
+        if self._closed:
+            raise ClientClosed("client closed")
+        items: queue.SimpleQueue = queue.SimpleQueue()
+
+        async def pump() -> None:
+            try:
+                async for item in self._async.stream(model, text, **kwargs):
+                    items.put(item)
+            except BaseException as exc:   # (a cancel from the caller leaving included: nobody reads it then)
+                items.put(exc)
+            finally:
+                items.put(_END)
+
+        running = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while (item := items.get()) is not _END:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not running.done():
+                running.cancel()   # the stream's own cleanup sends the daemon a cancel
 
     def close(self) -> None:
         """Stop the client; every request still pending fails with `ClientClosed`."""

@@ -96,6 +96,10 @@ def infer(ctx: typer.Context, model: str, text: str,
           user_frequency: Optional[str] = typer.Option(None, help="e.g. daily."),
           tokens: Optional[int] = typer.Option(None, help="Token count, if known (drives routing)."),
           timeout: float = typer.Option(60.0, help="Seconds to wait for the answer."),
+          stream: bool = typer.Option(False, "--stream", help="A generative (causal-lm) model: print the text as it "
+                                                              "is generated; with --json, each frame as a JSON line."),
+          max_new_tokens: Optional[int] = typer.Option(None, "--max-new-tokens", min=1,
+                                                       help="A generative model: at most this many new tokens."),
           as_json: bool = JsonOption) -> None:
     """Send one text to MODEL and print its output (a long vector summarised) with the timing."""
     try:
@@ -103,9 +107,17 @@ def infer(ctx: typer.Context, model: str, text: str,
     except NotRunning as exc:
         raise fail(str(exc), NOT_RUNNING) from None
     client = Client(ctx.obj.endpoint, timeout=timeout, **ctx.obj.curve_args(ctx.obj.endpoint))
+    generate = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else None
+    if stream:
+        try:
+            ops.stream_infer(client, model, text, as_json, timeout, ctx.obj.endpoint, tags=tag,
+                             deadline_ms=deadline_ms, generate=generate)
+        finally:
+            client.close()
+        return
     try:
         result = client.infer_result(model, text, tags=tag, deadline_ms=deadline_ms, request_type=request_type,
-                                     user_frequency=user_frequency, tokens=tokens)
+                                     user_frequency=user_frequency, tokens=tokens, generate=generate)
     except TimeoutError:
         raise fail(f"no answer from {ctx.obj.endpoint} within {timeout:g} s (is dynbatchd running?)", 1) from None
     except DynbatchdError as exc:

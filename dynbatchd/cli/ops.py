@@ -1,18 +1,59 @@
 """Operations commands of dynbatchctl: `warmup` (the result cache), `forget` (erase a user), `stop`,
-and `keygen` (a CURVE key pair)."""
+and `keygen` (a CURVE key pair); and `infer --stream`'s printing."""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 from rich.console import Console
 
 from dynbatchd import config as cfgmod
-from dynbatchd.cli.output import JsonOption, control, emit_json, fail, out
+from dynbatchd.cli.output import JsonOption, control, emit_json, err, fail, out
 from dynbatchd.cli.target import user_keys_dir
 from dynbatchd.cli.warmup import follow, warmed
+from dynbatchd.client import Client, DynbatchdError
+from dynbatchd.protocol import Chunk
+
+
+def stream_infer(client: Client, model: str, text: str, as_json: bool, timeout: float, endpoint: str,
+                 **kwargs: Any) -> None:
+    """`dynbatchctl infer --stream`: the text as it arrives, then one line of counts and timing; with
+    --json, each frame as one JSON line (chunks, then the final reply or the error). Exit 1 on error."""
+    line = lambda data: (sys.stdout.write(json.dumps(data) + "\n"), sys.stdout.flush())   # noqa: E731
+    try:
+        for item in client.stream(model, text, **kwargs):
+            if isinstance(item, Chunk):
+                if as_json:
+                    line({"id": item.id, "chunk": item.chunk, "text": item.text, "tokens": item.tokens})
+                else:
+                    sys.stdout.write(item.text)
+                    sys.stdout.flush()
+                continue
+            t = item.timing
+            timing = {"queue_us": t.queue_us, "ttft_us": t.ttft_us, "tpot_us": t.tpot_us, "compute_us": t.compute_us,
+                      "total_us": t.total_us, "preemptions": t.preemptions, "channel": t.channel}
+            if as_json:
+                line({"id": item.id, "ok": True, "value": item.output, "timing": timing})
+                return
+            value = item.output if isinstance(item.output, dict) else {}
+            sys.stdout.write("\n")
+            out.print(f"{value.get('finish_reason', '?')}: {value.get('output_tokens', '?')} tokens "
+                      f"(prompt {value.get('prompt_tokens', '?')}), channel {t.channel}; time to first token "
+                      f"{t.ttft_us / 1000:.1f} ms, per output token {t.tpot_us / 1000:.2f} ms, total "
+                      f"{t.total_us / 1000:.1f} ms", highlight=False, markup=False)
+    except TimeoutError:
+        raise fail(f"no end of stream from {endpoint} within {timeout:g} s (is dynbatchd running?)", 1) from None
+    except DynbatchdError as exc:
+        if as_json:
+            line({"ok": False, "error": {"code": exc.code, "message": str(exc)}})
+        else:
+            sys.stdout.write("\n")
+            err.print(f"{exc.code}: {exc}", highlight=False, markup=False)
+        raise typer.Exit(1) from None
 
 
 def warmup(ctx: typer.Context,
