@@ -9,6 +9,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import msgspec
+
 from dynbatchd import protocol as P
 from dynbatchd.daemonhost import DaemonHost
 from dynbatchd.engine import Answer
@@ -42,8 +44,15 @@ def not_utf8(request: P.Request) -> str | None:
 class LocalEnvelope(list):
     """Where the answer of a request from an in-process front door goes: a future, not a socket.
     Its one element stands for the client identity (unique per request), as a ZeroMQ envelope's.
-    `tenant`: the tenant the door authenticated (an HTTP API key's), or None."""
-    __slots__ = ("future", "tenant")
+    `tenant`: the tenant the door authenticated (an HTTP API key's), or None. `chunks`: a streamed
+    request's queue (`LocalDoor.stream`), which gets each chunk and then the final answer; else None."""
+    __slots__ = ("future", "tenant", "chunks")
+
+    def push(self, chunk: P.Chunk) -> None:
+        """A chunk of a streamed request's answer, before its final one (which comes through `settle`).
+        Dropped for a request submitted with `LocalDoor.infer`: it waits for the final answer only."""
+        if (chunks := getattr(self, "chunks", None)) is not None:   # (unset in an envelope a test makes)
+            chunks.put_nowait(chunk)
 
     def settle(self, answer: Answer) -> None:
         """Answer the future, and let go of it: the answer holds this envelope (its payload), so
@@ -52,12 +61,49 @@ class LocalEnvelope(list):
         future, self.future = self.future, None
         if future is not None and not future.done():
             future.set_result(answer)
+            if (chunks := getattr(self, "chunks", None)) is not None:
+                chunks.put_nowait(answer)
 
 
 class LocalAnswer(asyncio.Future):
     """The future answer of one request from a front door, naming it for `LocalDoor.withdraw`."""
     identity: bytes
     request_id: Any
+
+
+class LocalStream:
+    """A streamed request's answer from `LocalDoor.stream`: ``async for`` yields each `P.Chunk` as the
+    worker produces it, then the final `Answer` (its code, and on success the finish reason and token
+    counts), then stops. `close` before the end withdraws the request (an HTTP client that hung up):
+    the worker frees its KV room at the next token boundary, and its final answer is dropped."""
+
+    def __init__(self, door: "LocalDoor", answer: LocalAnswer, queue: asyncio.Queue):
+        self._door, self.answer, self._queue = door, answer, queue
+        self.ended = False
+
+    def __aiter__(self) -> "LocalStream":
+        return self
+
+    async def __anext__(self) -> P.Chunk | Answer:
+        if self.ended:
+            raise StopAsyncIteration
+        item = await self._queue.get()
+        if isinstance(item, Answer):
+            self.ended = True
+        return item
+
+    def close(self) -> None:
+        """Withdraw the request unless its final answer came (idempotent)."""
+        if not self.ended and not self.answer.done():
+            self.ended = True
+            self._door.withdraw(self.answer)
+        self.ended = True
+
+    async def __aenter__(self) -> "LocalStream":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self.close()
 
 
 class LocalDoor:
@@ -91,9 +137,23 @@ class LocalDoor:
         """Submit `request` as if it came in over ZeroMQ; the future gets its one answer. `tenant`:
         the tenant the door authenticated (it may then reach isolated channels as that tenant);
         `channels`: where the caller may send (empty: anywhere), else it is refused."""
+        return self._submit(request, tenant, channels, None)
+
+    def stream(self, request: P.Request, *, tenant: str | None = None, channels: tuple[str, ...] = ()) -> LocalStream:
+        """Submit `request` with ``stream`` set (a generative model's: see docs/generation.md); the
+        `LocalStream` yields its chunks as they come, then its one final answer. Refused requests
+        yield the final answer only. Same `tenant` and `channels` as `infer`."""
+        queue: asyncio.Queue = asyncio.Queue()
+        if not request.stream:
+            request = msgspec.structs.replace(request, stream=True)
+        future = self._submit(request, tenant, channels, queue)
+        return LocalStream(self, future, queue)
+
+    def _submit(self, request: P.Request, tenant: str | None, channels: tuple[str, ...],
+                chunks: asyncio.Queue | None) -> LocalAnswer:
         self._seq += 1
         envelope = LocalEnvelope([b"local:%d" % self._seq])
-        envelope.tenant = tenant
+        envelope.tenant, envelope.chunks = tenant, chunks
         envelope.future = future = LocalAnswer(loop=asyncio.get_running_loop())
         future.identity, future.request_id = envelope[0], request.id
         problem = validate_request(request, [])
@@ -120,6 +180,7 @@ class LocalDoor:
 
     def withdraw(self, future: LocalAnswer) -> None:
         """Withdraw the request `future` answers, as a ZeroMQ client's cancel does: still queued, it
-        is answered cancelled now; already on a device, it runs to its end. (A front door's request
+        is answered cancelled now; already on a device, it runs to its end, except a generative one,
+        which the worker ends at the next token boundary, freeing its KV room. (A front door's request
         of many inputs is all or none: when one is refused, the others go.)"""
         self._daemon.on_request([future.identity], P.Request(future.request_id, cancel=True), [])
