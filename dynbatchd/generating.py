@@ -107,6 +107,11 @@ class Generations:
             if run.worker == worker:
                 self._finish(number, Answer(run.pending, P.MODEL_ERROR, "the model's worker stopped mid-generation"))
 
+    def stop(self) -> None:
+        """The daemon stops: every job still generating is answered shutting_down (its worker goes too)."""
+        for number, run in list(self.jobs.items()):
+            self._finish(number, Answer(run.pending, P.SHUTTING_DOWN, "daemon is shutting down"))
+
     def snapshot(self) -> dict[str, Any]:
         return {"running": len(self.jobs), "kv_in_use_tokens": sum(self.kv_in_use.values()),
                 "generated_tokens": dict(self.generated_tokens), "ended": dict(self.ended)}
@@ -153,3 +158,5 @@ class Generations:
         pending = run.pending
         self.by_client.pop((pending.envelope[0], pending.request.id), None)
         self.daemon._send((answer,), run.channel)
+        if self.daemon.state == "draining" and not self.jobs:
+            self.daemon._schedule_pump()   # the pass that sees the drain settled

@@ -165,6 +165,7 @@ class Daemon(Operations):
         observer.cancel()
         saver.cancel()
         await self._drain()
+        self.generation.stop()   # generations the drain left unfinished: answered shutting_down
         self.cache_ops.save_top_users()
 
     async def _close(self, ipc_dir: str) -> None:
@@ -311,7 +312,7 @@ class Daemon(Operations):
         self._carry_out(self.engine.take_events())   # of step() and unsendable()
         if self.unloading_models:   # a reload removed them: unloaded once nothing of them is left
             self._unload_drained_models()
-        if self.state == "draining" and not self.engine.busy():
+        if self.state == "draining" and not self.engine.busy() and not self.generation.jobs:
             self._settled.set()
         wake = self.engine.next_wakeup()
         if wake is None or (self._timer is not None and self._timer_at <= wake):

@@ -125,3 +125,22 @@ def test_bad_generate_keys_and_requests_that_never_fit_are_refused(served):
         assert finals["key"]["error"]["code"] == P.BAD_REQUEST and "generate.max_tokens" in finals["key"]["error"]["message"]
     finally:
         sock.close()
+
+
+def test_a_stop_drains_a_running_generation_to_its_end(served):
+    """Last in this module: it stops the daemon. SIGTERM mid-stream: the stream still ends ok."""
+    import signal
+
+    daemon, _ = served
+    sock = connect(daemon)
+    try:
+        send(sock, "drain", "w3 w4", stream=True, generate={"max_new_tokens": 40})
+        assert sock.poll(60_000)
+        first = msgspec.msgpack.decode(sock.recv_multipart()[0])
+        daemon.proc.send_signal(signal.SIGTERM)
+        chunks, finals = frames_until_final(sock, ["drain"])
+        assert finals["drain"]["ok"] is True, finals["drain"]
+        assert finals["drain"]["value"]["output_tokens"] >= len(chunks["drain"]) + ("ok" not in first)
+        assert daemon.stop() == 0
+    finally:
+        sock.close()
