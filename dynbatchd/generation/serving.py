@@ -39,6 +39,7 @@ class GenerationLoop:
         self.jobs: dict[str, P.GenerateJob] = {}
         self.taken_ms: dict[str, float] = {}
         self.errors: list[P.GenEnd] = []   # jobs refused before the scheduler saw them
+        self.untold: dict[str, int] = {}   # tokens generated with no text sent yet, by sequence
 
     @property
     def busy(self) -> bool:
@@ -86,7 +87,13 @@ class GenerationLoop:
         if plan.empty:
             return out
         events = list(self.runner.prefill(plan.prefill)) + list(self.runner.decode_step(plan.decode))
-        tokens = [(int(e.seq_id), e.text, 1) for e in events if e.text]
+        tokens = []
+        for e in events:   # a token whose text is held back (a possible stop string) counts in the next chunk
+            job, n = int(e.seq_id), self.untold.pop(e.seq_id, 0) + 1
+            if e.text:
+                tokens.append((job, e.text, n))
+            else:
+                self.untold[e.seq_id] = n
         stopped = [e.seq_id for e in events if e.finished == "stop"]
         ends = [self._end(end) for end in self.scheduler.complete(plan, self.clock(), stopped)]
         return ([P.GenTokens(tokens)] if tokens else []) + out + ends
@@ -94,6 +101,7 @@ class GenerationLoop:
     def _end(self, end: Finished) -> P.GenEnd:
         """The end message of `end`; the runner's sequence (and its KV) goes."""
         job = self.jobs.pop(end.id, None)
+        self.untold.pop(end.id, None)
         taken = self.taken_ms.pop(end.id, end.arrival_ms)
         seq = self.runner.remove(end.id)
         reason = "bad_request" if end.reason == "too_large" else end.reason

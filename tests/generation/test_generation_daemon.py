@@ -127,6 +127,27 @@ def test_bad_generate_keys_and_requests_that_never_fit_are_refused(served):
         sock.close()
 
 
+def test_the_python_client_and_dynbatchctl_stream_from_the_daemon(served):
+    import json
+
+    from typer.testing import CliRunner
+
+    from dynbatchd.cli.dynbatchctl import app
+    from dynbatchd.client import Client, Result
+
+    daemon, expected = served
+    with Client(daemon.endpoint, timeout=60) as client:
+        items = list(client.stream("tiny", PROMPTS[0]))
+    assert isinstance(items[-1], Result) and not any(isinstance(i, Result) for i in items[:-1])
+    assert "".join(c.text for c in items[:-1]) == expected[PROMPTS[0]]
+    assert items[-1].output["output_tokens"] == sum(c.tokens for c in items[:-1])
+    shown = CliRunner().invoke(app, ["--endpoint", daemon.endpoint, "infer", "tiny", PROMPTS[2], "--stream", "--json"])
+    assert shown.exit_code == 0, shown.output
+    frames = [json.loads(line) for line in shown.output.splitlines()]
+    assert "".join(f["text"] for f in frames[:-1]) == expected[PROMPTS[2]]
+    assert frames[-1]["ok"] is True and frames[-1]["timing"]["ttft_us"] > 0
+
+
 def test_a_stop_drains_a_running_generation_to_its_end(served):
     """Last in this module: it stops the daemon. SIGTERM mid-stream: the stream still ends ok."""
     import signal
