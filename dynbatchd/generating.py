@@ -19,6 +19,7 @@ from typing import Any
 
 from dynbatchd import protocol as P
 from dynbatchd.engine import OK, Answer
+from dynbatchd.telemetry import Histogram
 
 log = logging.getLogger("dynbatchd")
 
@@ -47,6 +48,8 @@ class Generations:
         self.kv_in_use: dict[int, int] = {}        # worker -> KV tokens its loops hold (after its last end)
         self.generated_tokens: dict[str, int] = {}  # channel -> tokens generated
         self.ended: dict[str, int] = {}             # finish reason -> count
+        self.ttft: dict[str, Histogram] = {}        # channel -> time to first token (us), successful ends
+        self.tpot: dict[str, Histogram] = {}        # channel -> mean time per output token (us)
         self._config: Any = None
         self._generative: set[str] = set()
 
@@ -113,8 +116,13 @@ class Generations:
             self._finish(number, Answer(run.pending, P.SHUTTING_DOWN, "daemon is shutting down"))
 
     def snapshot(self) -> dict[str, Any]:
+        def summary(hists: dict[str, Histogram]) -> dict[str, dict[str, float]]:
+            return {c: {"p50_ms": h.quantile(0.5) / 1000, "p99_ms": h.quantile(0.99) / 1000, "count": h.total,
+                        "sum_ms": h.sum_us / 1000} for c, h in hists.items()}
+
         return {"running": len(self.jobs), "kv_in_use_tokens": sum(self.kv_in_use.values()),
-                "generated_tokens": dict(self.generated_tokens), "ended": dict(self.ended)}
+                "generated_tokens": dict(self.generated_tokens), "ended": dict(self.ended),
+                "ttft": summary(self.ttft), "tpot": summary(self.tpot)}
 
     # -- the replies -----------------------------------------------------------------------------
     def _chunk(self, number: int, run: Running, text: str, tokens: int) -> None:
@@ -142,6 +150,9 @@ class Generations:
                           batch_size=1, channel=run.channel, ttft_us=end.ttft_us + max(0, total_us - end.total_us),
                           tpot_us=end.tpot_us, preemptions=end.preemptions)
         if end.reason in ("length", "stop"):
+            self.ttft.setdefault(run.channel, Histogram()).record(timing.ttft_us)
+            if end.output_tokens > 1:
+                self.tpot.setdefault(run.channel, Histogram()).record(end.tpot_us)
             value = {"finish_reason": end.reason, "output_tokens": end.output_tokens,
                      "prompt_tokens": end.prompt_tokens}
             if not request.stream:

@@ -141,6 +141,7 @@ def render(status: dict[str, Any], latency: dict[str, Any] | None = None,
     _cache(page, status.get("cache"))
     _compliance(page, status.get("compliance"))
     _tenants(page, status.get("tenants"))
+    _generation(page, status.get("generation"))
     return page.text()
 
 
@@ -299,6 +300,28 @@ def _tenants(page: _Page, tenants: dict[str, Any] | None) -> None:
                 f"Requests answered, by tenant, model and code: the {tenants['top']} busiest tenants by name, "
                 "the rest as (other), no tenant as (none).",
                 [(_labels(tenant=t, model=m, code=c), n) for t, m, c, n in tenants["answers"]])
+
+
+def _generation(page: _Page, gen: dict[str, Any] | None) -> None:
+    """Generative models (dynbatchd.generating): tokens, ends, KV in use, TTFT and TPOT per channel."""
+    if not gen or not (gen["running"] or gen["ended"]):   # (a daemon that has generated nothing: no families)
+        return
+    page.family("dynbatchd_generated_tokens_total", "counter", "Tokens generated, by channel.",
+                [(_labels(channel=c), n) for c, n in gen["generated_tokens"].items()])
+    page.family("dynbatchd_generations_total", "counter", "Generate requests ended, by reason.",
+                [(_labels(reason=r), n) for r, n in gen["ended"].items()])
+    page.family("dynbatchd_generations_running", "gauge", "Generate requests on the workers now.",
+                [("", gen["running"])])
+    page.family("dynbatchd_kv_in_use_tokens", "gauge", "KV cache reserved on the workers, in tokens.",
+                [("", gen["kv_in_use_tokens"])])
+    for key, name, what in (("ttft", "dynbatchd_time_to_first_token_seconds", "Acceptance to the first token"),
+                            ("tpot", "dynbatchd_time_per_output_token_seconds", "Mean time per output token")):
+        page.family(name, "summary", f"{what}, of generations that ended well: quantiles since start.")
+        for c, q in gen[key].items():
+            page.sample(name, _labels(channel=c, quantile="0.5"), q["p50_ms"] / 1000)
+            page.sample(name, _labels(channel=c, quantile="0.99"), q["p99_ms"] / 1000)
+            page.sample(f"{name}_sum", _labels(channel=c), q["sum_ms"] / 1000)
+            page.sample(f"{name}_count", _labels(channel=c), q["count"])
 
 
 async def serve(listen: str, page: Callable[[], str]) -> asyncio.AbstractServer:

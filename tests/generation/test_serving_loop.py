@@ -140,3 +140,24 @@ def test_a_tail_that_could_become_a_stop_string_is_held_back():
     assert _held_tail("w1 w2 E", ("END", "w9")) == 1
     assert _held_tail("w1 w2", ("END",)) == 0
     assert _held_tail("abc", ()) == 0
+
+
+def test_the_metrics_page_shows_generation_once_there_is_some():
+    from dynbatchd import metrics
+    from dynbatchd.generating import Generations
+
+    from test_metrics import status
+
+    page = lambda gen: metrics.render({**status(), "generation": gen}, gpu={})  # noqa: E731
+    gens = Generations(daemon=None)
+    assert "dynbatchd_generated_tokens_total" not in page(gens.snapshot())
+    gens.generated_tokens["chat"] = 12
+    gens.ended["length"] = 2
+    from dynbatchd.telemetry import Histogram
+    gens.ttft["chat"] = Histogram()
+    gens.ttft["chat"].record(40_000)
+    text = page(gens.snapshot())
+    assert 'dynbatchd_generated_tokens_total{channel="chat"} 12' in text
+    assert 'dynbatchd_generations_total{reason="length"} 2' in text
+    assert 'dynbatchd_time_to_first_token_seconds_count{channel="chat"} 1' in text
+    assert "dynbatchd_kv_in_use_tokens 0" in text
