@@ -129,3 +129,24 @@ def test_dynbatchctl_infer_stream_prints_text_then_counts_and_json_lines(scripte
     assert frames[3]["ok"] is True and frames[3]["value"]["output_tokens"] == 3 and len(frames) == 4
     refused = runner.invoke(app, ["--endpoint", scripted.endpoint, "infer", "tiny", "bad", "--stream", "--json"])
     assert refused.exit_code == 1 and json.loads(refused.output)["error"]["code"] == "bad_request"
+
+
+def test_async_client_streams_and_aclose_cancels(scripted):
+    import asyncio
+    from contextlib import aclosing
+
+    from dynbatchd.asyncclient import AsyncClient
+
+    async def main():
+        async with AsyncClient(scripted.endpoint, timeout=20) as client:
+            got = [item async for item in client.stream("tiny", "w1")]
+            async with aclosing(client.stream("tiny", "hold")) as held:
+                async for item in held:
+                    assert item.text == "first"
+                    break
+            return got, await client.infer_result("tiny", "w1")
+
+    got, after = asyncio.run(main())
+    assert [c.text for c in got[:-1]] == PIECES and isinstance(got[-1], Result)
+    assert after.output["text"] == "Once upon a time"
+    assert [r["id"] for r in scripted.seen if r.get("cancel")] == [scripted.seen[1]["id"]]
