@@ -7,6 +7,8 @@ compliance, cache and engine as one from the ZeroMQ socket (``LocalDoor.infer``)
 no proxy hop. Endpoints:
 
 - ``POST /v1/embeddings`` (OpenAI): ``{"model", "input": str | [str], "user"?}``.
+- ``POST /v1/completions`` and ``POST /v1/chat/completions`` (OpenAI) for a causal-lm model,
+  whole or, with ``"stream": true``, as server-sent events (`httpgenerate`).
 - ``POST /v2/models/{name}/infer`` (KServe v2): one BYTES input of texts
   (or FP32/INT64 data with a shape), or several named inputs for a model of
   several (a torchscript or exported program); outputs as v2 tensors.
@@ -48,6 +50,7 @@ from dynbatchd.httpkeys import KeyStore, presented_key
 from dynbatchd.logs import request_fields
 
 from .httpendpoints import HttpEndpoints
+from .httpgenerate import EventStream, HttpGenerate
 from .httpwire import (FROM_V2, OPEN_HANDLERS, READ_SIZE, RETRY_LATER, ROUTES, STATUS, SUBMIT_CHUNK,  # noqa: F401
                        UNAUTHORIZED, V2_TYPES, ClientGone, HttpError, bad_output, body_tags, output_array,
                        reason, request_id, request_meta, text_headers)
@@ -55,7 +58,7 @@ from .httpwire import (FROM_V2, OPEN_HANDLERS, READ_SIZE, RETRY_LATER, ROUTES, S
 log = logging.getLogger(__name__)
 
 
-class HttpDoor(HttpEndpoints):
+class HttpDoor(HttpEndpoints, HttpGenerate):
     """The door: an h11 server on the daemon's loop, its connections, limits, keys and lifecycle."""
 
     def __init__(self, settings: Any, api: Any):
@@ -90,6 +93,9 @@ class HttpDoor(HttpEndpoints):
                 reply = await self._exchange(conn, reader, writer, task, peer)
                 if reply is None:
                     break
+                if isinstance(reply[1], EventStream):
+                    await self._stream(conn, reader, writer, reply[1], reply[2])
+                    break
                 close = self._closing or conn.their_state is not h11.DONE
                 writer.write(self._reply_bytes(conn, *reply, close=close))
                 async with asyncio.timeout(self.settings.body_timeout_s):
@@ -109,6 +115,50 @@ class HttpDoor(HttpEndpoints):
         finally:
             self._connections.pop(task, None)
             writer.close()
+
+    async def _stream(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      events: EventStream, headers: list) -> None:
+        """Send a streamed completion's events as they come (chunked; the connection closes after it).
+        The client hanging up (its side read to the end) withdraws the request at once, so the worker
+        frees its KV; each event must be taken within body_timeout_s."""
+        head = [("content-type", "text/event-stream"), ("cache-control", "no-cache"), *headers,
+                ("connection", "close")]
+        self._in_progress += 1
+        gone = asyncio.ensure_future(self._until_closed(reader))
+        try:
+            writer.write(conn.send(h11.Response(status_code=200, headers=head, reason=reason(200))))
+            while True:
+                following = asyncio.ensure_future(events.__anext__())
+                await asyncio.wait((following, gone), return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    following.cancel()
+                    raise ClientGone("mid-stream: withdrawn")
+                try:
+                    data = following.result()
+                except StopAsyncIteration:
+                    break
+                writer.write(conn.send(h11.Data(data=data)))
+                async with asyncio.timeout(self.settings.body_timeout_s):
+                    await writer.drain()
+            writer.write(conn.send(h11.EndOfMessage()))
+            async with asyncio.timeout(self.settings.body_timeout_s):
+                await writer.drain()
+        except ClientGone as exc:
+            exc.request_id = dict(headers).get("x-request-id", "-")
+            raise
+        finally:
+            gone.cancel()
+            events.close()
+            self._in_progress -= 1
+
+    @staticmethod
+    async def _until_closed(reader: asyncio.StreamReader) -> None:
+        """Returns when the client closes its side (what it sends meanwhile is dropped)."""
+        try:
+            while await reader.read(READ_SIZE):
+                pass
+        except ConnectionError:
+            pass
 
     async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Before closing on a request it did not read to the end, drop what the client still sends (up to
@@ -158,6 +208,8 @@ class HttpDoor(HttpEndpoints):
                 status, answer = await handler(name, headers, body)
             finally:
                 self._in_progress -= 1
+            if isinstance(answer, EventStream):
+                return status, answer, [("x-request-id", rid)]
             try:
                 return status, msgspec.json.encode(answer), [("x-request-id", rid)]
             except (msgspec.EncodeError, ValueError, TypeError, OverflowError):

@@ -31,6 +31,8 @@ SUBMIT_CHUNK = 64     # inputs submitted per loop turn: a large request never ho
 READ_SIZE = 65536
 # (method, path segments with None for the model's name, handler): the whole routing table
 ROUTES = [("POST", ("v1", "embeddings"), "embeddings"),
+          ("POST", ("v1", "completions"), "completions"),
+          ("POST", ("v1", "chat", "completions"), "chat_completions"),
           ("POST", ("v2", "models", None, "infer"), "v2_infer"),
           ("GET", ("v2", "models", None, "ready"), "v2_model_ready"),
           ("GET", ("v2", "models", None), "v2_model"),

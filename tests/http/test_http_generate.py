@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from types import SimpleNamespace
 
+import pytest
+
 from dynbatchd import protocol as P
 from dynbatchd.doors import LocalDoor
 from dynbatchd.engine import OK, Answer
@@ -28,6 +30,8 @@ class FakeHost:
     def on_request(self, envelope, request, frames):
         if request.cancel:
             self.cancels.append(request.id)
+            if (withdrawn := getattr(self, "withdrawn", None)) is not None:
+                withdrawn.set()
             for env, req in self.requests:
                 if env[0] == envelope[0] and req.id == request.id:
                     env.settle(Answer(None, P.CANCELLED, "cancelled after 1 tokens"))
@@ -92,3 +96,193 @@ def test_infer_drops_chunks_and_gets_the_final_answer():
         return await future
 
     assert asyncio.run(run()).output[0]["text"] == "ab"
+
+
+# -- the HTTP door over a loopback socket, in this process ---------------------------------------
+import h11  # noqa: E402
+import msgspec  # noqa: E402
+
+from dynbatchd.config.schema import HttpSettings  # noqa: E402
+from dynbatchd_plugins.http import HttpDoor  # noqa: E402
+
+
+class Quotas:
+    def retry_after_header(self, tenant):
+        return "7"
+
+
+async def open_door(host: FakeHost) -> HttpDoor:
+    host.quotas = Quotas()
+    door = HttpDoor(HttpSettings(listen="127.0.0.1:0"), LocalDoor(host))
+    await door.start()
+    door.port = door._server.sockets[0].getsockname()[1]
+    return door
+
+
+async def post(door: HttpDoor, path: str, body, *, until_events: int | None = None):
+    """(status, headers, data) of a POST; with `until_events` the connection is closed after that
+    many SSE events, and data is what came."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", door.port)
+    client = h11.Connection(h11.CLIENT)
+    raw = body if isinstance(body, bytes) else msgspec.json.encode(body)
+    writer.write(client.send(h11.Request(method="POST", target=path, headers=[
+        ("host", "x"), ("content-type", "application/json"), ("content-length", str(len(raw)))])))
+    writer.write(client.send(h11.Data(data=raw)) + client.send(h11.EndOfMessage()))
+    status, headers, data = None, {}, b""
+    while True:
+        event = client.next_event()
+        if event is h11.NEED_DATA:
+            client.receive_data(await reader.read(65536))
+        elif isinstance(event, h11.Response):
+            status, headers = event.status_code, {k.decode(): v.decode() for k, v in event.headers}
+        elif isinstance(event, h11.Data):
+            data += event.data
+            if until_events is not None and data.count(b"\n\n") >= until_events:
+                break
+        else:
+            break
+    writer.close()
+    return status, headers, data
+
+
+def sse(data: bytes) -> list:
+    events = [e.removeprefix(b"data: ") for e in data.split(b"\n\n") if e]
+    return [e.decode() if e == b"[DONE]" else msgspec.json.decode(e) for e in events]
+
+
+def served(host: FakeHost, script) -> object:
+    """Run `script(door)` against a door on `host`; the door stops after it."""
+    async def run():
+        door = await open_door(host)
+        try:
+            return await script(door)
+        finally:
+            await door.stop()
+    return asyncio.run(run())
+
+
+def test_completion_whole_shape_and_options_reach_the_request():
+    host = FakeHost()
+
+    async def script(door):
+        call = asyncio.ensure_future(post(door, "/v1/completions", {
+            "model": "gen", "prompt": "Once", "max_tokens": 5, "temperature": 0, "stop": "\n", "seed": 1,
+            "top_p": 1, "user": "u1"}))
+        await host.arrived.wait()
+        host.requests[0][0].settle(final(" upon", "stop", 1))
+        return await call
+
+    status, headers, data = served(host, script)
+    body = msgspec.json.decode(data)
+    [(_, request)] = host.requests
+    assert status == 200 and headers["content-type"] == "application/json"
+    assert request.text == "Once" and not request.stream and request.user == "u1"
+    assert request.generate == {"max_new_tokens": 5, "temperature": 0, "stop": ["\n"], "seed": 1}
+    assert body["object"] == "text_completion" and body["model"] == "gen" and body["id"].startswith("cmpl-")
+    assert body["choices"] == [{"index": 0, "text": " upon", "logprobs": None, "finish_reason": "stop"}]
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}
+
+
+def test_chat_stream_is_sse_chunks_then_finish_usage_and_done():
+    host = FakeHost()
+
+    async def script(door):
+        call = asyncio.ensure_future(post(door, "/v1/chat/completions", {
+            "model": "gen", "stream": True, "stream_options": {"include_usage": True},
+            "messages": [{"role": "system", "content": "Be brief."},
+                         {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]}))
+        await host.arrived.wait()
+        envelope, request = host.requests[0]
+        envelope.push(P.Chunk(request.id, 0, "Hel", 1))
+        envelope.push(P.Chunk(request.id, 1, "lo", 1))
+        envelope.settle(final())
+        return await call
+
+    status, headers, data = served(host, script)
+    [(_, request)] = host.requests
+    assert request.stream and request.text == "system: Be brief.\nuser: Hi\nassistant:"
+    assert status == 200 and headers["content-type"] == "text/event-stream"
+    events = sse(data)
+    assert events[-1] == "[DONE]"
+    first, second, last, counts = events[:-1]
+    assert {e["object"] for e in events[:-1]} == {"chat.completion.chunk"}
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": "Hel"}
+    assert second["choices"][0]["delta"] == {"content": "lo"} and second["choices"][0]["finish_reason"] is None
+    assert last["choices"][0]["finish_reason"] == "length" and last["choices"][0]["delta"] == {}
+    assert counts["choices"] == [] and counts["usage"]["total_tokens"] == 5
+
+
+def test_a_client_hanging_up_mid_stream_withdraws_the_request():
+    host = FakeHost()
+    withdrawn = asyncio.Event
+
+    async def script(door):
+        host.withdrawn = withdrawn()
+        call = asyncio.ensure_future(post(door, "/v1/completions", {"model": "gen", "prompt": "x", "stream": True},
+                                          until_events=1))
+        await host.arrived.wait()
+        host.requests[0][0].push(P.Chunk(host.requests[0][1].id, 0, "a", 1))
+        status, _, data = await call   # it closed after the first event
+        await host.withdrawn.wait()
+        return status, data
+
+    status, data = served(host, script)
+    assert status == 200 and sse(data)[0]["choices"][0]["text"] == "a"
+    assert host.cancels == [host.requests[0][1].id]
+
+
+def test_an_error_after_the_stream_began_is_an_error_event_then_done():
+    host = FakeHost()
+
+    async def script(door):
+        call = asyncio.ensure_future(post(door, "/v1/completions", {"model": "gen", "prompt": "x", "stream": True}))
+        await host.arrived.wait()
+        host.requests[0][0].push(P.Chunk(host.requests[0][1].id, 0, "a", 1))
+        host.requests[0][0].settle(Answer(None, P.DEADLINE_EXCEEDED, "deadline passed after 1 tokens"))
+        return await call
+
+    status, _, data = served(host, script)
+    events = sse(data)
+    assert status == 200 and events[-1] == "[DONE]"
+    assert events[1]["error"] == {"code": P.DEADLINE_EXCEEDED, "message": "deadline passed after 1 tokens",
+                                  "status": 504}
+
+
+def answered(code: str, message: str = "no"):
+    def respond(envelope, request, frames):
+        envelope.settle(Answer(None, code, message))
+    return respond
+
+
+@pytest.mark.parametrize("path, body, respond, status, code", [
+    ("/v1/completions", {"model": "gen"}, None, 400, P.BAD_REQUEST),                       # no prompt
+    ("/v1/completions", {"model": "gen", "prompt": "x", "top_p": 0.5}, None, 400, P.BAD_REQUEST),
+    ("/v1/completions", {"model": "gen", "prompt": "x", "max_tokens": 0}, None, 400, P.BAD_REQUEST),
+    ("/v1/chat/completions", {"model": "gen", "messages": [{"role": "bot", "content": "x"}]}, None, 400,
+     P.BAD_REQUEST),
+    ("/v1/completions", {"model": "gen", "prompt": "x", "stream": True}, answered(P.OVERLOADED), 429, P.OVERLOADED),
+    ("/v1/completions", {"model": "gen", "prompt": "x"}, answered(P.QUOTA_EXCEEDED), 429, P.QUOTA_EXCEEDED),
+    ("/v1/chat/completions", {"model": "gen", "messages": [{"role": "user", "content": "x"}]},
+     answered(P.DEADLINE_EXCEEDED), 504, P.DEADLINE_EXCEEDED),
+    ("/v1/completions", {"model": "gen", "prompt": "x" * 5000}, None, 413, P.BAD_REQUEST),  # over max_request_bytes
+])
+def test_errors_are_openai_shaped_with_their_status(path, body, respond, status, code):
+    host = FakeHost()
+    if respond is not None:
+        host.on_request = respond
+
+    async def script(door):
+        return await post(door, path, body)
+
+    got, headers, data = served(host, script)
+    assert got == status and msgspec.json.decode(data)["error"]["code"] == code
+    if code == P.QUOTA_EXCEEDED:
+        assert headers["retry-after"] == "7"
+
+
+def test_a_starting_daemon_answers_503():
+    async def script(door):
+        return await post(door, "/v1/completions", {"model": "gen", "prompt": "x", "stream": True})
+
+    status, headers, data = served(FakeHost(state="starting"), script)
+    assert status == 503 and msgspec.json.decode(data)["error"]["code"] == P.UNAVAILABLE

@@ -1,0 +1,183 @@
+"""The HTTP door's generative endpoints: OpenAI ``POST /v1/completions`` and
+``POST /v1/chat/completions`` for a causal-lm model, whole or streamed as server-sent events.
+
+A request becomes one `dynbatchd.protocol.Request` with ``generate`` options (``max_tokens`` ->
+max_new_tokens, ``temperature``, ``top_k``, ``seed``, ``stop``) through the daemon's `LocalDoor`:
+``infer`` for a whole answer, ``stream`` for ``"stream": true``, whose chunks become ``data:``
+events as the worker produces them, then ``data: [DONE]``. A chat's messages become one prompt
+by `chat_prompt` (no model chat template). OpenAI options with no generate key are refused
+unless they ask for the default (``n`` 1, ``top_p`` 1, no ``logprobs``); others (penalties,
+``logit_bias``) are ignored.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+
+from dynbatchd import protocol as P
+
+from .httpwire import STATUS, HttpError, body_tags, request_meta
+
+# OpenAI's name of each generate option (max_completion_tokens: the chat API's newer name)
+OPTIONS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "temperature": "temperature",
+           "top_k": "top_k", "seed": "seed", "stop": "stop"}
+DEFAULT_ONLY = {"n": 1, "top_p": 1, "best_of": 1, "echo": False, "logprobs": None, "suffix": None}
+ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+def chat_prompt(messages: Any) -> str:
+    """The chat as one prompt: a line ``ROLE: CONTENT`` per message, then ``assistant:`` for the
+    model to continue. Content is a string or a list of ``{"type": "text", "text"}`` parts."""
+    if not isinstance(messages, list) or not messages:
+        raise HttpError(P.BAD_REQUEST, "\"messages\" must be a non-empty list of {\"role\", \"content\"}")
+    lines = []
+    for message in messages:
+        role = message.get("role") if isinstance(message, dict) else None
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                             and isinstance(p.get("text"), str) for p in content):
+            content = "".join(p["text"] for p in content)
+        if role not in ROLES or not isinstance(content, str):
+            raise HttpError(P.BAD_REQUEST, "each message needs a \"role\" (system, user, assistant, tool, "
+                                           "developer) and a text \"content\"")
+        lines.append(f"{role}: {content}\n")
+    return "".join(lines) + "assistant:"
+
+
+def generate_options(body: dict[str, Any]) -> dict[str, Any]:
+    """The request's generate map from the OpenAI body (the front end checks each value, naming it)."""
+    options: dict[str, Any] = {}
+    for name, key in OPTIONS.items():
+        value = body.get(name)
+        if value is None:
+            continue
+        if name == "stop" and isinstance(value, str):
+            value = [value]
+        options[key] = value
+    for name, default in DEFAULT_ONLY.items():
+        if body.get(name, default) not in (default, None):
+            raise HttpError(P.BAD_REQUEST, f"\"{name}\" is not supported here (only {default!r})")
+    return options
+
+
+class EventStream:
+    """A streamed completion as server-sent events: ``async for`` gives the bytes of each event
+    (a chunk object per `P.Chunk`, a last one with the finish reason, usage if asked, ``[DONE]``;
+    an error that ends it early is an ``{"error": ...}`` event before ``[DONE]``). `close` before
+    the end withdraws the request (the client hung up)."""
+
+    def __init__(self, stream: Any, shape: dict[str, Any], chat: bool, usage: bool):
+        self.stream, self.shape, self.chat, self.usage = stream, shape, chat, usage
+        self.done = False
+        self._sent = 0
+
+    def __aiter__(self) -> "EventStream":
+        return self
+
+    def _event(self, choice: dict[str, Any] | None, **extra: Any) -> bytes:
+        body = {**self.shape, "choices": [] if choice is None else [choice], **extra}
+        return b"data: " + msgspec.json.encode(body) + b"\n\n"
+
+    def _choice(self, text: str | None, finish: str | None) -> dict[str, Any]:
+        if not self.chat:
+            return {"text": text or "", "index": 0, "logprobs": None, "finish_reason": finish}
+        delta = {} if text is None else {"content": text}
+        if not self._sent:
+            delta = {"role": "assistant", **delta}
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+
+    async def __anext__(self) -> bytes:
+        if self.done:
+            raise StopAsyncIteration
+        item = await self.stream.__anext__()
+        if isinstance(item, P.Chunk):
+            event = self._event(self._choice(item.text, None))
+            self._sent += 1
+            return event
+        self.done = True
+        if item.code != "ok":
+            error = {"code": item.code, "message": item.message, "status": STATUS.get(item.code, 500)}
+            return b"data: " + msgspec.json.encode({"error": error}) + b"\n\ndata: [DONE]\n\n"
+        value = item.output[0]
+        events = [self._event(self._choice(None if self.chat else "", value["finish_reason"]))]
+        if self.usage:
+            events.append(self._event(None, usage=usage(value)))
+        return b"".join(events) + b"data: [DONE]\n\n"
+
+    def close(self) -> None:
+        self.done = True
+        self.stream.close()
+
+
+def usage(value: dict[str, Any]) -> dict[str, int]:
+    prompt, completion = value.get("prompt_tokens", 0), value.get("output_tokens", 0)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class HttpGenerate:
+    """The two handlers, as methods of the door (`self.api`: the daemon's LocalDoor)."""
+
+    api: Any
+    _json: Any   # HttpEndpoints._json
+
+    async def completions(self, _: None, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
+        body = self._json(raw)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1:
+            prompt = prompt[0]
+        if not isinstance(prompt, str):
+            raise HttpError(P.BAD_REQUEST, "\"prompt\" must be a string (one prompt a request)")
+        return await self._generate(body, headers, prompt, chat=False)
+
+    async def chat_completions(self, _: None, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
+        body = self._json(raw)
+        return await self._generate(body, headers, chat_prompt(body.get("messages")), chat=True)
+
+    async def _generate(self, body: dict[str, Any], headers: dict[str, str], prompt: str,
+                        chat: bool) -> tuple[int, Any]:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise HttpError(P.BAD_REQUEST, "\"model\" must name a model")
+        stream = body.get("stream", False)
+        if not isinstance(stream, bool):
+            raise HttpError(P.BAD_REQUEST, "\"stream\" must be true or false")
+        meta = request_meta(headers)
+        if isinstance(body.get("user"), str):
+            meta.setdefault("user", body["user"])
+        body_tags(body.get("tags"), meta)
+        tenant, channels = meta.pop("_caller", (None, ()))
+        rid = meta.pop("_request_id", None) or uuid.uuid4().hex
+        request = P.Request(rid, model, text=prompt, generate=generate_options(body), stream=stream, **meta)
+        shape = {"id": ("chatcmpl-" if chat else "cmpl-") + rid, "created": int(time.time()), "model": model,
+                 "object": ("chat.completion" if chat else "text_completion")}
+        if stream:
+            local = self.api.stream(request, tenant=tenant, channels=channels)
+            if local.answer.done():   # refused at once (bad request, overloaded, quota, starting): a status
+                self._refused(local.answer.result(), meta)
+            if chat:
+                shape["object"] = "chat.completion.chunk"
+            options = body.get("stream_options")
+            return 200, EventStream(local, shape, chat, isinstance(options, dict) and options.get("include_usage") is True)
+        future = self.api.infer(request, tenant=tenant, channels=channels)
+        try:
+            answer = await future
+        finally:
+            if not future.done():   # this handler was cancelled (the connection went): withdraw
+                self.api.withdraw(future)
+        if answer.code != "ok":
+            self._refused(answer, meta)
+        value = answer.output[0]
+        text = value.get("text", "")
+        choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
+                  else {"index": 0, "text": text, "logprobs": None})
+        return 200, {**shape, "choices": [{**choice, "finish_reason": value["finish_reason"]}], "usage": usage(value)}
+
+    def _refused(self, answer: Any, meta: dict[str, Any]) -> None:
+        error = HttpError(answer.code, answer.message)
+        if answer.code == P.QUOTA_EXCEEDED:   # when its tenant's bucket holds a request again
+            error.retry_after = self.api.retry_after(meta.get("tenant"))
+        raise error
