@@ -23,7 +23,9 @@ from dynbatchd import capacity as cap
 from dynbatchd import config as cfgmod
 from dynbatchd.errors import DynbatchdError
 from dynbatchd.plugins import Plugins
+from dynbatchd.cli.capacity_generative import generative_capacity, render_generative
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
+from dynbatchd.simulate.generative import SCENARIOS, is_generative
 from dynbatchd.validation import validate_config
 
 
@@ -37,7 +39,7 @@ def _pct(x: float | None) -> str:
 
 def build(config: Path | None, requests_per_day: str, peak_factor: float, duration: float, urgent_share: float,
           tokens: int | None, trace: Path | None, profile: str, compare: str | None, target: float,
-          priority_target: float, seed: int) -> dict[str, Any]:
+          priority_target: float, seed: int, scenario: str | None = None, out_given: bool = False) -> dict[str, Any]:
     """Everything `capacity` prints, as data."""
     path = cfgmod.find_config(config)
     if path is None:
@@ -46,6 +48,10 @@ def build(config: Path | None, requests_per_day: str, peak_factor: float, durati
     plugins = Plugins.load()
     validate_config(cfg, plugins)
     traffic = cap.Traffic(cap.parse_count(requests_per_day), peak_factor, duration, urgent_share, tokens, trace, seed)
+    if is_generative(cfg):   # a causal-lm model: devices to meet the TTFT/TPOT targets
+        if compare or trace or out_given:
+            raise ValueError("--compare-profile, --trace and --out are not modelled for a generative config")
+        return generative_capacity(cfg, path, traffic, profile, target, scenario or "mixed")
     targets = cap.targets_for(cfg.channels, target, priority_target)
     sim = dict(inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms, routing=cfg.routing,
                plugins=plugins, window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(),
@@ -193,13 +199,18 @@ def capacity(ctx: typer.Context,
              priority_target: float = typer.Option(0.9995, "--priority-target", min=0.0, max=1.0,
                                                    help="On-time fraction the highest-priority channel must hold."),
              seed: int = typer.Option(1, "--seed", help="Random seed (the run is deterministic)."),
+             scenario: Optional[str] = typer.Option(None, "--scenario",
+                                                    help="A generative config's workload: mixed (default) or k12."),
              out: Optional[Path] = typer.Option(None, "--out", help="Also write an HTML summary to this file."),
              wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Devices, monthly cost and energy per request for a daily volume, with and without batching (SIMULATED)."""
     try:
         data = build(config or getattr(ctx.obj, "config", None), requests_per_day, peak_factor, duration,
-                     urgent_share, tokens, trace, profile, compare, target, priority_target, seed)
+                     urgent_share, tokens, trace, profile, compare, target, priority_target, seed, scenario,
+                     out is not None)
+        if scenario not in (None, *SCENARIOS) or (scenario and not data.get("generative")):
+            raise ValueError(f"--scenario takes {' or '.join(SCENARIOS)}, on a generative config only")
     except (DynbatchdError, OSError, KeyError, ValueError) as exc:   # ours, the disk's, a trace's
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
@@ -207,6 +218,8 @@ def capacity(ctx: typer.Context,
         write_html(data, out, "dynbatchctl capacity " + " ".join(sys.argv[2:]))
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
+    elif data.get("generative"):
+        render_generative(data, Console(), wide)
     else:
         render(data, Console(), wide)
         if out is not None:

@@ -22,7 +22,9 @@ from dynbatchd.errors import DynbatchdError
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import (Arrival, DeviceModel, config_device, mix_tokens, poisson, read_trace_csv, run_config,
                                 simulated_model_options)
+from dynbatchd.cli.simulate_generative import generative_data, modes_of, show_generative
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
+from dynbatchd.simulate.generative import SCENARIOS, generative_model
 from dynbatchd.validation import validate_config
 
 SECOND = 1_000_000_000
@@ -70,7 +72,9 @@ def simulate(ctx: typer.Context,
                                                    help="Config whose channels and routing to simulate "
                                                         "(default: dynbatchctl --config, else $DYNBATCHD_CONFIG, "
                                                         "./etc/dynbatchd.toml, /etc/dynbatchd/dynbatchd.toml)."),
-             rate: float = typer.Option(500.0, "--rate", min=0.001, help="Offered requests per second (Poisson)."),
+             rate: Optional[float] = typer.Option(None, "--rate", min=0.001,
+                                                  help="Offered requests per second (Poisson; default 500, "
+                                                       "on a generative config 5)."),
              duration: float = typer.Option(30.0, "--duration", min=0.1, help="Seconds of simulated traffic."),
              devices: Optional[int] = typer.Option(None, "--devices", min=1,
                                                    help="Simulated devices (default: those \\[devices] use names, "
@@ -91,6 +95,12 @@ def simulate(ctx: typer.Context,
                                                   help="Replay a CSV (TIMESTAMP, ContextTokens) instead of Poisson."),
              compress: float = typer.Option(1.0, "--compress", min=0.001, help="Speed-up of the --trace times."),
              seed: int = typer.Option(1, "--seed", help="Random seed (the run is deterministic)."),
+             scenario: Optional[str] = typer.Option(None, "--scenario",
+                                                    help="Generative workload: mixed (default on a config with a "
+                                                         "causal-lm model) or k12 (95%% short chats, 5%% 10k+ "
+                                                         "token grading)."),
+             mode: str = typer.Option("both", "--mode",
+                                      help="Generative batching to simulate: continuous, static or both."),
              wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Simulate the config's channels on simulated devices: goodput, p99 and utilisation (SIMULATED)."""
@@ -102,6 +112,16 @@ def simulate(ctx: typer.Context,
         cfg = cfgmod.load(path)
         plugins = Plugins.load()
         validate_config(cfg, plugins)   # what the daemon would refuse is not simulated either
+        if scenario is not None or (generative_model(cfg) and not any(m.runner == "simulated"
+                                                                       for m in cfg.models.values())):
+            if scenario not in (None, *SCENARIOS):
+                raise ValueError(f"--scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
+            latency = {"step_ms": base_ms, "per_seq_ms": per_item_ms, "prefill_ms_per_token": per_token_ms}
+            data = generative_data(cfg, path, scenario=scenario or "mixed", modes=modes_of(mode),
+                                   rate=5.0 if rate is None else rate, duration=duration, devices=devices or 1,
+                                   seed=seed, latency={k: v for k, v in latency.items() if v is not None})
+            return show_generative(data, as_json, wide)
+        rate = 500.0 if rate is None else rate
         arrivals = trace_arrivals(trace, compress, seed, urgent_share) if trace else \
             poisson_arrivals(rate, duration, seed, urgent_share, tokens)
     except (DynbatchdError, OSError, KeyError, ValueError) as exc:   # ours, the disk's, a trace's

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynbatchd.devices.runners import Runner, count, encoder_dir, one_of
+from dynbatchd.generation.simcosts import simulated_costs
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
@@ -73,7 +74,8 @@ class CausalLMRunner(Runner):
                "temperature": non_negative, "top_k": count(0), "seed": count(0), "stop": stop_strings,
                # the worker's generation loop (dynbatchd.generation.serving): KV budget and step limits
                "kv_budget_tokens": count(1), "max_batch_sequences": count(1), "max_prefill_tokens": count(1),
-               "mode": one_of("continuous", "static")}
+               "mode": one_of("continuous", "static"),
+               "simulated": simulated_costs}   # the simulated device's step costs (dynbatchctl simulate)
     REQUIRED = {"path": 'the model directory (path = "/srv/models/my-model")'}
 
     def __init__(self, device: str, options: dict[str, Any]):

@@ -1,0 +1,191 @@
+"""Generative channels in `dynbatchctl simulate`, `capacity` and `tune`: a config's causal-lm model
+on a simulated device, driven by `dynbatchd.generation.simulation` (reused, not copied).
+
+What the config gives: the channels' ``priority``, ``ttft_ms`` and ``tpot_ms`` (a request counts
+as met within both); the causal-lm model's ``simulated`` option (the step costs of
+`GenerationLatency`; defaults: a 7B-class model on one GPU), its ``max_batch_sequences``,
+``max_prefill_tokens`` and ``mode``, and its KV budget: the ``kv_budget_tokens`` option, else the
+planner's formula (`dynbatchd.generation.kv.kv_budget_bytes`) over the model directory's config
+and ``[devices] memory_gb``, else the worker's default. Every figure is SIMULATED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dynbatchd.generation.batching import ChannelTargets, GenRequest
+from dynbatchd.generation.kv import kv_budget_bytes, kv_bytes_per_token
+from dynbatchd.generation.serving import DEFAULT_KV_BUDGET_TOKENS, NO_TARGET_MS
+from dynbatchd.generation.simulation import (GenerationLatency, SimulationReport, k12_workload, mixed_workload,
+                                             simulate_generation)
+
+RUNNER = "causal-lm"
+SCENARIOS = ("mixed", "k12")
+MODES = ("continuous", "static")
+# The K12 case's channels where the config has none of that name (the guide's targets; the
+# daemon's priority: higher first).
+K12_DEFAULTS = {"chat": (2, 1000.0, 100.0), "grading": (0, 120_000.0, 500.0)}
+
+
+@dataclass(frozen=True)
+class GenerativeDevice:
+    """One simulated device serving a causal-lm model, as the config describes it."""
+    model: str
+    latency: GenerationLatency
+    kv_budget_tokens: int
+    kv_source: str
+    max_batch: int = 64
+    max_prefill_tokens: int = 4096
+    mode: str = "continuous"
+
+    def describe(self) -> dict[str, Any]:
+        return {"model": self.model, "kv_budget_tokens": self.kv_budget_tokens, "kv_source": self.kv_source,
+                "max_batch_sequences": self.max_batch, "max_prefill_tokens": self.max_prefill_tokens,
+                "mode": self.mode, "step_ms": self.latency.step_ms, "per_seq_ms": self.latency.per_seq_ms,
+                "per_kv_token_ms": self.latency.per_kv_token_ms,
+                "prefill_ms_per_token": self.latency.prefill_ms_per_token}
+
+
+def generative_model(cfg: Any, model: str | None = None) -> str | None:
+    """`model` if it is a causal-lm model, else the config's first one, else None."""
+    if model is not None and model in cfg.models and cfg.models[model].runner == RUNNER:
+        return model
+    return next((name for name, m in cfg.models.items() if m.runner == RUNNER), None)
+
+
+def is_generative(cfg: Any) -> bool:
+    """Simulated as generative: a causal-lm model and no ``simulated`` one (which the batch simulator models)."""
+    return generative_model(cfg) is not None and not any(m.runner == "simulated" for m in cfg.models.values())
+
+
+def kv_budget_tokens(cfg: Any, model: str, memory_gb: float | None = None) -> tuple[int, str]:
+    """(tokens, where from): the option, else the planner's formula on the device memory (`memory_gb`,
+    else ``[devices] memory_gb``), else the worker's default."""
+    options = cfg.models[model].options
+    if "kv_budget_tokens" in options:
+        return int(options["kv_budget_tokens"]), "kv_budget_tokens option"
+    path = options.get("path")
+    memory_gb = memory_gb or cfg.devices.memory_gb_of("cuda:0") or cfg.devices.memory_gb_of("cpu")
+    if path and memory_gb and (Path(path) / "config.json").is_file():
+        from dynbatchd.memory import model_dims, read_model_config
+        hf, model_dir = read_model_config(path)
+        dims = model_dims(hf, model_dir=model_dir, name=model, kind="decoder",
+                          dtype=None if options.get("dtype", "auto") == "auto" else options["dtype"])
+        per_token = kv_bytes_per_token(dims)
+        return kv_budget_bytes(dims, int(memory_gb * (1 << 30))) // per_token, \
+            f"planner: {memory_gb:g} GB device, {per_token} B/token"
+    return DEFAULT_KV_BUDGET_TOKENS, "the worker's default"
+
+
+def config_generative_device(cfg: Any, model: str | None = None, memory_gb: float | None = None,
+                             **latency: float) -> GenerativeDevice:
+    """The simulated device of the config's causal-lm model; `latency` (step costs) over its
+    ``simulated``; `memory_gb` (a capacity profile's) over ``[devices] memory_gb`` for the KV budget."""
+    name = generative_model(cfg, model)
+    if name is None:
+        raise ValueError(f'no model has runner = "{RUNNER}"')
+    options = cfg.models[name].options
+    costs = {**options.get("simulated", {}), **latency}
+    tokens, source = kv_budget_tokens(cfg, name, memory_gb)
+    return GenerativeDevice(name, GenerationLatency(**costs), tokens, source,
+                            int(options.get("max_batch_sequences", 64)), int(options.get("max_prefill_tokens", 4096)),
+                            options.get("mode", "continuous"))
+
+
+def channel_targets(cfg: Any, scenario: str = "mixed") -> dict[str, ChannelTargets]:
+    """Each channel's targets in the generation scheduler's terms (its priority: lower first, so the
+    config's is negated); a channel without ttft_ms / tpot_ms has no target. The K12 scenario adds
+    chat and grading where the config lacks them."""
+    out = {name: ChannelTargets(name, -ch.priority, ch.ttft_ms or NO_TARGET_MS, ch.tpot_ms or NO_TARGET_MS)
+           for name, ch in cfg.channels.items()}
+    if scenario == "k12":
+        for name, (priority, ttft, tpot) in K12_DEFAULTS.items():
+            out.setdefault(name, ChannelTargets(name, -priority, ttft, tpot))
+    return out
+
+
+def generative_channels(cfg: Any) -> tuple[str, ...]:
+    """The channels the mixed workload offers traffic to: those with a ttft_ms or tpot_ms, else the default."""
+    named = tuple(n for n, ch in cfg.channels.items() if ch.ttft_ms is not None or ch.tpot_ms is not None)
+    return named or (cfg.routing.default,)
+
+
+def workload(cfg: Any, scenario: str, rate_per_s: float, requests: int, seed: int) -> list[GenRequest]:
+    if scenario == "k12":
+        return k12_workload(requests, rate_per_s=rate_per_s, seed=seed)
+    if scenario == "mixed":
+        return mixed_workload(requests, rate_per_s=rate_per_s, seed=seed, channels=generative_channels(cfg))
+    raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+
+
+def run_generative(cfg: Any, device: GenerativeDevice, *, scenario: str = "mixed", mode: str | None = None,
+                   rate_per_s: float, requests: int, seed: int = 1, tpot_guard: bool = False,
+                   **overrides: int) -> SimulationReport:
+    """One simulated device under `requests` arrivals at `rate_per_s`; `overrides`: max_batch,
+    max_prefill_tokens (what `tune` tries)."""
+    kw = dict(max_batch=device.max_batch, max_prefill_tokens=device.max_prefill_tokens)
+    kw.update(overrides)
+    return simulate_generation(workload(cfg, scenario, rate_per_s, requests, seed), channel_targets(cfg, scenario),
+                               mode=mode or device.mode, kv_budget_tokens=device.kv_budget_tokens,
+                               latency=device.latency, tpot_guard=tpot_guard, **kw)
+
+
+def per_channel(report: SimulationReport) -> dict[str, dict[str, Any]]:
+    """Per channel: requests, met targets, their share, and p50/p99 TTFT and mean TPOT (ms)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted({f.channel for f in report.finished}):
+        done = [f for f in report.finished if f.channel == name]
+        ttfts = sorted(f.ttft_ms for f in done if f.ttft_ms is not None)
+        tpots = [f.tpot_ms for f in done if f.tpot_ms is not None]
+        met = sum(1 for f in done if report.met(f))
+        out[name] = {"requests": len(done), "met": met, "met_fraction": round(met / len(done), 4),
+                     "ttft_p50_ms": round(_pick(ttfts, 0.50), 1), "ttft_p99_ms": round(_pick(ttfts, 0.99), 1),
+                     "tpot_mean_ms": round(sum(tpots) / len(tpots), 2) if tpots else 0.0}
+    return out
+
+
+def met_fraction(report: SimulationReport) -> float:
+    return sum(1 for f in report.finished if report.met(f)) / len(report.finished) if report.finished else 1.0
+
+
+def _pick(values: list[float], q: float) -> float:
+    return values[min(len(values) - 1, int(q * len(values)))] if values else 0.0
+
+
+def trial(cfg: Any, device: GenerativeDevice, devices: int, rate_per_s: float, duration_s: float, seed: int,
+          scenario: str = "mixed") -> dict[str, Any]:
+    """`devices` devices sharing `rate_per_s` evenly: one device simulated at rate / devices."""
+    each = rate_per_s / devices
+    report = run_generative(cfg, device, scenario=scenario, rate_per_s=each,
+                            requests=max(1, round(each * duration_s)), seed=seed)
+    return {"devices": devices, "met_fraction": round(met_fraction(report), 4),
+            "goodput_tokens_per_s": round(report.goodput_tokens_per_s * devices, 1),
+            "preemptions": report.preemptions, "channels": per_channel(report)}
+
+
+def devices_needed(cfg: Any, device: GenerativeDevice, *, rate_per_s: float, target: float = 0.99,
+                   duration_s: float = 20.0, seed: int = 1, scenario: str = "mixed",
+                   max_devices: int = 4096) -> tuple[int, list[dict[str, Any]]]:
+    """The fewest devices whose requests meet their TTFT and TPOT targets in at least `target` of
+    cases (doubling, then bisection), and every trial run; ValueError past `max_devices`."""
+    tried: dict[int, dict[str, Any]] = {}
+
+    def ok(n: int) -> bool:
+        tried[n] = trial(cfg, device, n, rate_per_s, duration_s, seed, scenario)
+        return tried[n]["met_fraction"] >= target
+
+    high = 1
+    while not ok(high):
+        if high >= max_devices:
+            raise ValueError(f"{max_devices} devices do not meet the targets in {target:.2%} of requests")
+        high = min(2 * high, max_devices)
+    low = high // 2          # failed (or 0)
+    while high - low > 1:
+        mid = (low + high) // 2
+        if ok(mid):
+            high = mid
+        else:
+            low = mid
+    return high, [tried[n] for n in sorted(tried)]
