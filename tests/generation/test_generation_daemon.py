@@ -148,6 +148,20 @@ def test_the_python_client_and_dynbatchctl_stream_from_the_daemon(served):
     assert frames[-1]["ok"] is True and frames[-1]["timing"]["ttft_us"] > 0
 
 
+def test_a_deadline_ends_a_generation_midway_and_frees_its_kv(served):
+    daemon, _ = served
+    sock = connect(daemon)
+    try:   # 300 tokens cannot take under 5 ms: it ends by its deadline, at a token boundary
+        send(sock, "late", "w1 w2", stream=True, deadline_ms=5, generate={"max_new_tokens": 300, "stop": ["<never>"]})
+        _, finals = frames_until_final(sock, ["late"])
+        assert finals["late"]["ok"] is False and finals["late"]["error"]["code"] == P.DEADLINE_EXCEEDED
+        generation = daemon.status()["generation"]
+        assert generation["running"] == 0 and generation["kv_in_use_tokens"] == 0
+        assert generation["ended"]["deadline_exceeded"] == 1
+    finally:
+        sock.close()
+
+
 def test_a_stop_drains_a_running_generation_to_its_end(served):
     """Last in this module: it stops the daemon. SIGTERM mid-stream: the stream still ends ok."""
     import signal
