@@ -37,6 +37,7 @@ from dynbatchd.cli.output import emit_json as _emit, err, fail, out  # noqa: F40
 from dynbatchd.cli.tables import WIDE_HELP
 from dynbatchd.cli.tune_daemon import (LOOP_KEYS, _call, _channel_now, _database, _loop_settings,  # noqa: F401
                                        _note, _running)
+from dynbatchd.cli.tune_generative import run_tune_generative
 from dynbatchd.cli.tune_loop import canary_too_small, run_loop  # noqa: F401
 from dynbatchd.tuning import history
 
@@ -104,6 +105,12 @@ def tune(ctx: typer.Context,
                                     "it (the daemon logs that it was forced)."),
          dry_run: bool = typer.Option(False, "--dry-run", help="Print what the setting would change and the "
                                       "risk verdict; change nothing."),
+         generative: bool = typer.Option(False, "--generative",
+                                         help="Offline, from the config: recommend the causal-lm model's "
+                                              "max_batch_sequences and max_prefill_tokens for CHANNEL's TTFT/TPOT "
+                                              "targets by simulation; changes nothing."),
+         rate: float = typer.Option(5.0, "--rate", min=0.001,
+                                    help="With --generative: offered requests per second."),
          wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
          as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of text.")) -> None:
     """Change a channel's batching at run time, or tune it with --auto (checked like a config file
@@ -117,6 +124,7 @@ def tune(ctx: typer.Context,
       dynbatchctl tune --auto standard --candidate max_batch=64,window_ms=900
       dynbatchctl tune --history
       dynbatchctl tune --rollback standard
+      dynbatchctl tune chat --generative --rate 10
     """
     changes = {k: v for k, v in dict(max_batch=max_batch, window_ms=window_ms, deadline_ms=deadline_ms,
                                       queue_limit=queue_limit, max_tokens=max_tokens, min_share=min_share).items()
@@ -125,6 +133,10 @@ def tune(ctx: typer.Context,
                              ("a setting", bool(changes))) if on]
     if len(modes) > 1:
         raise fail(f"give one of --auto, --history, --rollback or settings; not {' and '.join(modes)}", 2)
+    if generative:
+        if channel is None or modes:
+            raise fail("--generative takes a CHANNEL and no other mode, e.g. dynbatchctl tune chat --generative", 2)
+        return run_tune_generative(ctx, channel, rate, duration, seed, as_json)
     if show_history:
         return _show_history(ctx, channel, as_json)
     if channel is None and not auto:

@@ -111,3 +111,20 @@ def test_capacity_answers_for_a_generative_channel_and_grows_with_the_rate(confi
 def test_capacity_refuses_what_it_does_not_model_for_generation(config):
     result = CliRunner().invoke(app, ["capacity", "--config", config, "--compare-profile", "l4-24gb"])
     assert result.exit_code == 2 and "generative" in result.output
+
+
+def test_tune_generative_recommends_by_simulation_and_changes_nothing(tmp_path):
+    path = generative_config(tmp_path)
+    before = path.read_text()
+    data = invoke("--config", str(path), "tune", "realtime", "--generative", "--rate", "40", "--duration", "5")
+    assert data["simulated"] is True and data["channel"] == "realtime" and len(data["trials"]) == 36
+    best, now = data["recommended"], data["current"]
+    assert (now["max_batch_sequences"], now["max_prefill_tokens"]) == (64, 4096)   # the runner's defaults
+    assert max(t["channel_met_fraction"] for t in data["trials"]) == best["channel_met_fraction"]
+    assert best["channel_met_fraction"] >= now["channel_met_fraction"]
+    assert path.read_text() == before
+
+
+def test_tune_generative_needs_a_channel_of_the_config(config):
+    result = CliRunner().invoke(app, ["--config", config, "tune", "nope", "--generative"])
+    assert result.exit_code == 2 and "nope" in result.output
