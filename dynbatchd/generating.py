@@ -23,6 +23,7 @@ from dynbatchd.telemetry import Histogram
 
 log = logging.getLogger("dynbatchd")
 
+OVERDUE_GRACE_S = 2.0   # past a job's deadline, how long the daemon waits for its worker's end
 CODES = {"cancelled": P.CANCELLED, "deadline_exceeded": P.DEADLINE_EXCEEDED, "bad_request": P.BAD_REQUEST,
          "too_large": P.BAD_REQUEST}
 
@@ -35,6 +36,7 @@ class Running:
     accepted_ns: int
     chunks: int = 0
     tokens: int = 0
+    overdue: Any = None   # the backstop timer: answered by the daemon if the worker never ends it
 
 
 class Generations:
@@ -80,8 +82,10 @@ class Generations:
         message = P.GenerateJob(number, request.model, request.text or "", dict(request.generate or {}), job.channel,
                                 settings.priority, getattr(settings, "ttft_ms", None),
                                 getattr(settings, "tpot_ms", None), job.deadline_ms)
-        self.jobs[number] = Running(pending, job.channel, worker, now_ns)
+        run = self.jobs[number] = Running(pending, job.channel, worker, now_ns)
         self.by_client[(pending.envelope[0], request.id)] = number
+        if job.deadline_ms and (loop := getattr(self.daemon, "loop", None)) is not None:
+            run.overdue = loop.call_later(job.deadline_ms / 1000 + OVERDUE_GRACE_S, self.overdue, number)
         if not pool.send(worker, [P.encoder.encode(message)]):
             self._finish(number, Answer(pending, P.UNAVAILABLE, "the model's worker could not be reached"))
 
@@ -92,6 +96,17 @@ class Generations:
             return False
         self.daemon.pool.send(self.jobs[number].worker, [P.encoder.encode(P.GenerateCancel(number))])
         return True
+
+    def overdue(self, number: int) -> None:
+        """A job still unanswered well past its deadline (its worker stuck in one long step, or
+        gone unseen): answered deadline_exceeded here, and the worker told to drop it."""
+        run = self.jobs.get(number)
+        if run is None:
+            return
+        log.warning("generate job %d not ended by its worker %.1f s past its deadline: answered here", number,
+                    OVERDUE_GRACE_S)
+        self.daemon.pool.send(run.worker, [P.encoder.encode(P.GenerateCancel(number, P.DEADLINE_EXCEEDED))])
+        self._finish(number, Answer(run.pending, P.DEADLINE_EXCEEDED, "deadline passed mid-generation"))
 
     def on_message(self, worker: int, msg: Any) -> None:
         if isinstance(msg, P.GenTokens):
@@ -166,6 +181,8 @@ class Generations:
 
     def _finish(self, number: int, answer: Answer) -> None:
         run = self.jobs.pop(number)
+        if run.overdue is not None:
+            run.overdue.cancel()
         pending = run.pending
         self.by_client.pop((pending.envelope[0], pending.request.id), None)
         self.daemon._send((answer,), run.channel)

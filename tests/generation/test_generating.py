@@ -126,3 +126,28 @@ def test_no_worker_holding_the_model_is_unavailable():
     pending = Pending([b"client"], request, [])
     gens.start(Job("llm", "chat", 2, 1000.0, pending), pending, daemon.clock())
     assert [a.code for a in daemon.answers] == [P.UNAVAILABLE] and daemon.sent == []
+
+
+def test_a_job_its_worker_never_ends_is_answered_past_its_deadline():
+    daemon = FakeDaemon()
+    timers = []
+
+    class Timer:
+        def __init__(self, delay, fn, *args):
+            self.delay, self.call, self.cancelled = delay, lambda: fn(*args), False
+            timers.append(self)
+
+        def cancel(self):
+            self.cancelled = True
+
+    daemon.loop = types.SimpleNamespace(call_later=Timer)
+    gens = Generations(daemon)
+    worker, job = start(gens, daemon, 1)
+    worker2, job2 = start(gens, daemon, 2)
+    gens.on_message(worker2, P.GenEnd(job2.job, "length", 1))
+    assert timers[0].delay == 1.0 + 2.0 and timers[1].cancelled
+    timers[0].call()   # the event loop's timer fires: the worker never answered job 1
+    assert daemon.sent[-1] == (worker, P.GenerateCancel(job.job, P.DEADLINE_EXCEEDED))
+    assert [a.code for a in daemon.answers] == [OK, P.DEADLINE_EXCEEDED]
+    gens.on_message(worker, P.GenEnd(job.job, "deadline_exceeded"))   # its late end: nobody answered twice
+    assert len(daemon.answers) == 2
