@@ -19,6 +19,9 @@ from dynbatchd import protocol as P
 from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, ClientClosed, CurveKeys, DynbatchdError,
                                   Result, Timeout, build_request, parse_reply, raise_for)
 
+# How long closing the socket may wait to deliver a cancel just sent (a stream left, Ctrl-C).
+CANCEL_LINGER_MS = 100
+
 
 class AsyncClient:
     """``await AsyncClient(endpoint).infer("minilm", "text")`` -> numpy array.
@@ -47,6 +50,7 @@ class AsyncClient:
         self._streams: dict[int, asyncio.Queue] = {}   # a streamed request's chunks, then its final frames
         self._reader: asyncio.Task | None = None
         self.closed = False
+        self._linger_ms = 0   # 100 once a cancel was sent: closing right after it must not drop it
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -62,7 +66,7 @@ class AsyncClient:
         if self._reader:
             self._reader.cancel()
         self._fail_pending(ClientClosed("client closed"))
-        self._sock.close(0)
+        self._sock.close(self._linger_ms)
 
     def _fail_pending(self, exc: DynbatchdError) -> None:
         pending, self._pending = self._pending, {}
@@ -157,6 +161,7 @@ class AsyncClient:
             sent = self._sock.send(P.encoder.encode(P.Request(req_id, cancel=True)), zmq.NOBLOCK)
         except zmq.ZMQError:
             return
+        self._linger_ms = CANCEL_LINGER_MS
         if isinstance(sent, asyncio.Future):   # its failure is retrieved here, never left to be logged
             sent.add_done_callback(lambda f: f.cancelled() or f.exception())
 

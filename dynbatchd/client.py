@@ -115,6 +115,7 @@ class Client:
         if self._closed:
             raise ClientClosed("client closed")
         items: queue.SimpleQueue = queue.SimpleQueue()
+        ended = threading.Event()
 
         async def pump() -> None:
             try:
@@ -124,6 +125,7 @@ class Client:
                 items.put(exc)
             finally:
                 items.put(_END)
+                ended.set()
 
         running = asyncio.run_coroutine_threadsafe(pump(), self._loop)
         try:
@@ -132,8 +134,9 @@ class Client:
                     raise item
                 yield item
         finally:
-            if not running.done():
-                running.cancel()   # the stream's own cleanup sends the daemon a cancel
+            if not ended.is_set():
+                running.cancel()   # the stream's own cleanup sends the daemon a cancel ...
+                ended.wait(5)      # ... before this returns, so a close() right after cannot drop it
 
     def close(self) -> None:
         """Stop the client; every request still pending fails with `ClientClosed`."""

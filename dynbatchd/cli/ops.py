@@ -45,6 +45,10 @@ def stream_infer(client: Client, model: str, text: str, as_json: bool, timeout: 
                       f"(prompt {value.get('prompt_tokens', '?')}), channel {t.channel}; time to first token "
                       f"{t.ttft_us / 1000:.1f} ms, per output token {t.tpot_us / 1000:.2f} ms, total "
                       f"{t.total_us / 1000:.1f} ms", highlight=False, markup=False)
+    except KeyboardInterrupt:   # leaving the stream sent the daemon a cancel (the client's close delivers it)
+        sys.stdout.write("\n")
+        err.print("cancelled", highlight=False, markup=False)
+        raise typer.Exit(130) from None
     except TimeoutError:
         raise fail(f"no end of stream from {endpoint} within {timeout:g} s (is dynbatchd running?)", 1) from None
     except DynbatchdError as exc:

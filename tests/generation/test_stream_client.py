@@ -150,3 +150,16 @@ def test_async_client_streams_and_aclose_cancels(scripted):
     assert [c.text for c in got[:-1]] == PIECES and isinstance(got[-1], Result)
     assert after.output["text"] == "Once upon a time"
     assert [r["id"] for r in scripted.seen if r.get("cancel")] == [scripted.seen[1]["id"]]
+
+
+def test_closing_right_after_leaving_a_stream_still_delivers_the_cancel(scripted):
+    """dynbatchctl infer --stream on Ctrl-C: the stream is left and the client closed at once."""
+    client = Client(scripted.endpoint, timeout=20)
+    for _ in client.stream("tiny", "hold"):
+        break
+    client.close()
+    scripted.stop.set()   # the scripted daemon reads what reached it, then stops
+    scripted.thread.join(5)
+    while scripted.sock.poll(2000):
+        scripted.seen.append(msgspec.msgpack.decode(scripted.sock.recv_multipart()[1]))
+    assert [r for r in scripted.seen if r.get("cancel")] == [{"id": scripted.seen[0]["id"], "cancel": True}]
