@@ -57,8 +57,9 @@ class GenerationLoop:
             self.errors.append(P.GenEnd(job.job, "bad_request", message=f"{type(exc).__name__}: {exc}"[:300]))
             return
         channels = self.scheduler.channels
-        if job.channel not in channels or channels[job.channel].priority != job.priority:
-            channels[job.channel] = ChannelTargets(job.channel, job.priority, job.ttft_ms or NO_TARGET_MS,
+        if job.channel not in channels or channels[job.channel].priority != -job.priority:
+            # the config's priority goes higher first, the scheduler's classes lower first
+            channels[job.channel] = ChannelTargets(job.channel, -job.priority, job.ttft_ms or NO_TARGET_MS,
                                                    job.tpot_ms or NO_TARGET_MS)
         deadline = None if job.deadline_ms is None else now + job.deadline_ms
         self.jobs[key], self.taken_ms[key] = job, now
