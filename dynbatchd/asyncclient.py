@@ -176,7 +176,9 @@ class AsyncClient:
         """Stream a generative model's answer: each `P.Chunk` (its new `text`) as it comes, then one
         `Result` whose output is {finish_reason, output_tokens, prompt_tokens}; an error ends it as
         a `DynbatchdError` (after the chunks already yielded). Leaving the loop early cancels the
-        request (the daemon frees its KV at the next token). `timeout` bounds the whole stream.
+        request (the daemon frees its KV at the next token). `timeout` bounds each wait for the
+        next frame, not the whole stream: a long generation that keeps coming is not cut off,
+        a daemon that went silent is (`Timeout`); the request's deadline bounds the whole.
         """
         if self.closed:
             raise ClientClosed("client closed")
@@ -186,8 +188,6 @@ class AsyncClient:
         req_id = next(self._ids)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[req_id] = queue
-        loop = asyncio.get_running_loop()
-        end = None if limit is None else loop.time() + limit
         done = False
         try:
             try:
@@ -199,9 +199,9 @@ class AsyncClient:
                        DynbatchdError(f"cannot send to {self.endpoint}: {exc}", "closed")) from None
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), None if end is None else max(0.0, end - loop.time()))
+                    item = await asyncio.wait_for(queue.get(), limit)
                 except asyncio.TimeoutError:
-                    raise Timeout(f"no end of stream from {self.endpoint} within {limit:g} s") from None
+                    raise Timeout(f"nothing more of the stream from {self.endpoint} within {limit:g} s") from None
                 if isinstance(item, BaseException):
                     done = True
                     raise item

@@ -50,7 +50,7 @@ def stream_infer(client: Client, model: str, text: str, as_json: bool, timeout: 
         err.print("cancelled", highlight=False, markup=False)
         raise typer.Exit(130) from None
     except TimeoutError:
-        raise fail(f"no end of stream from {endpoint} within {timeout:g} s (is dynbatchd running?)", 1) from None
+        raise fail(f"nothing more of the stream from {endpoint} within {timeout:g} s (is dynbatchd running?)", 1) from None
     except DynbatchdError as exc:
         if as_json:
             line({"ok": False, "error": {"code": exc.code, "message": str(exc)}})

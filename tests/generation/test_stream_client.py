@@ -163,3 +163,14 @@ def test_closing_right_after_leaving_a_stream_still_delivers_the_cancel(scripted
     while scripted.sock.poll(2000):
         scripted.seen.append(msgspec.msgpack.decode(scripted.sock.recv_multipart()[1]))
     assert [r for r in scripted.seen if r.get("cancel")] == [{"id": scripted.seen[0]["id"], "cancel": True}]
+
+
+def test_a_silent_stream_times_out_per_frame(scripted):
+    from dynbatchd.client import Timeout
+
+    with Client(scripted.endpoint, timeout=0.2) as client:
+        got = []
+        with pytest.raises(Timeout, match="nothing more of the stream"):
+            for item in client.stream("tiny", "hold"):
+                got.append(item.text)
+    assert got == ["first"]
