@@ -34,6 +34,10 @@ def non_negative(value: Any) -> str | None:
     return None
 
 
+def flag(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"expected true or false, got {value!r}"
+
+
 def stop_strings(value: Any) -> str | None:
     if isinstance(value, list) and all(isinstance(s, str) and s for s in value):
         return None
@@ -74,7 +78,7 @@ class CausalLMRunner(Runner):
                "temperature": non_negative, "top_k": count(0), "seed": count(0), "stop": stop_strings,
                # the worker's generation loop (dynbatchd.generation.serving): KV budget and step limits
                "kv_budget_tokens": count(1), "max_batch_sequences": count(1), "max_prefill_tokens": count(1),
-               "mode": one_of("continuous", "static"),
+               "mode": one_of("continuous", "static"), "tpot_guard": flag,
                "simulated": simulated_costs}   # the simulated device's step costs (dynbatchctl simulate)
     REQUIRED = {"path": 'the model directory (path = "/srv/models/my-model")'}
 

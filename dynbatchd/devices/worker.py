@@ -192,7 +192,7 @@ class Generating:
         return any(loop.busy for loop in self.loops.values())
 
     def handle(self, msg: Any, runners: dict[str, Runner]) -> None:
-        from dynbatchd.generation.serving import GenerationLoop, scheduler_for
+        from dynbatchd.generation.serving import loop_for
 
         if isinstance(msg, P.GenerateCancel):
             for loop in self.loops.values():
@@ -206,8 +206,7 @@ class Generating:
             return
         loop = self.loops.get(msg.model)
         if loop is None or loop.runner is not runner:
-            loop = self.loops[msg.model] = GenerationLoop(runner, scheduler_for(runner.options),
-                                                          lambda: time.monotonic_ns() / 1e6)
+            loop = self.loops[msg.model] = loop_for(runner, lambda: time.monotonic_ns() / 1e6)
         loop.take(msg)
 
     def step(self) -> None:

@@ -19,23 +19,54 @@ from dynbatchd.generation.kv import KVLedger
 
 DEFAULT_KV_BUDGET_TOKENS = 32768
 # The runner options this loop reads ([models.NAME] of a causal-lm model; dynbatchd.toml(5)).
-LOOP_OPTIONS = ("kv_budget_tokens", "max_batch_sequences", "max_prefill_tokens", "mode")
+LOOP_OPTIONS = ("kv_budget_tokens", "max_batch_sequences", "max_prefill_tokens", "mode", "tpot_guard")
 NO_TARGET_MS = 1e12   # a channel without ttft_ms / tpot_ms: no due time from it
 
 
-def scheduler_for(options: dict[str, Any]) -> GenerationScheduler:
-    """A model's scheduler from its runner options; the KV budget is counted in tokens."""
+class StepCost:
+    """What a step costs on this device, learnt from the loop's own steps (the TPOT guard's
+    estimate): an average of decode-only steps, plus an average per prefill token of the steps
+    with prefill beyond that. 0 until both were seen, so the guard holds nothing back blind."""
+
+    def __init__(self, weight: float = 0.2):
+        self.weight, self.decode_ms, self.prefill_token_ms = weight, None, None
+
+    def observe(self, prefill_tokens: int, decoding: int, ms: float) -> None:
+        if not prefill_tokens:
+            self.decode_ms = ms if self.decode_ms is None else self.decode_ms + self.weight * (ms - self.decode_ms)
+        elif self.decode_ms is not None:
+            per = max(0.0, ms - (self.decode_ms if decoding else 0.0)) / prefill_tokens
+            old = self.prefill_token_ms
+            self.prefill_token_ms = per if old is None else old + self.weight * (per - old)
+
+    def estimate_ms(self, prefill_tokens: int, decoding: int) -> float:
+        if self.decode_ms is None or self.prefill_token_ms is None:
+            return 0.0
+        return self.decode_ms + prefill_tokens * self.prefill_token_ms
+
+
+def scheduler_for(options: dict[str, Any], cost: StepCost | None = None) -> GenerationScheduler:
+    """A model's scheduler from its runner options; the KV budget is counted in tokens. `cost`:
+    the TPOT guard's step-cost estimate (with ``tpot_guard``; the loop teaches it)."""
     ledger = KVLedger(budget_bytes=int(options.get("kv_budget_tokens", DEFAULT_KV_BUDGET_TOKENS)), bytes_per_token=1)
     return GenerationScheduler(ledger, {}, mode=options.get("mode", "continuous"),
                                max_batch=int(options.get("max_batch_sequences", 64)),
-                               max_prefill_tokens=int(options.get("max_prefill_tokens", 4096)))
+                               max_prefill_tokens=int(options.get("max_prefill_tokens", 4096)),
+                               step_cost_ms=cost.estimate_ms if cost is not None else None)
+
+
+def loop_for(runner: Any, clock: Callable[[], float]) -> "GenerationLoop":
+    """The loop for `runner`'s model, configured by its options (`LOOP_OPTIONS`)."""
+    cost = StepCost() if runner.options.get("tpot_guard", False) else None
+    return GenerationLoop(runner, scheduler_for(runner.options, cost), clock, cost)
 
 
 class GenerationLoop:
     """Generate jobs for one model: `take`, `cancel`, then `step` while `busy`."""
 
-    def __init__(self, runner: Any, scheduler: GenerationScheduler, clock: Callable[[], float]):
-        self.runner, self.scheduler, self.clock = runner, scheduler, clock
+    def __init__(self, runner: Any, scheduler: GenerationScheduler, clock: Callable[[], float],
+                 cost: StepCost | None = None):
+        self.runner, self.scheduler, self.clock, self.cost = runner, scheduler, clock, cost
         self.jobs: dict[str, P.GenerateJob] = {}
         self.taken_ms: dict[str, float] = {}
         self.errors: list[P.GenEnd] = []   # jobs refused before the scheduler saw them
@@ -87,7 +118,10 @@ class GenerationLoop:
         out.extend(self._end(end) for end in plan.ended)
         if plan.empty:
             return out
+        started = self.clock()
         events = list(self.runner.prefill(plan.prefill)) + list(self.runner.decode_step(plan.decode))
+        if self.cost is not None:
+            self.cost.observe(sum(plan.prefill_lengths), len(plan.decode), self.clock() - started)
         tokens = []
         for e in events:   # a token whose text is held back (a possible stop string) counts in the next chunk
             job, n = int(e.seq_id), self.untold.pop(e.seq_id, 0) + 1

@@ -161,3 +161,22 @@ def test_the_metrics_page_shows_generation_once_there_is_some():
     assert 'dynbatchd_generations_total{reason="length"} 2' in text
     assert 'dynbatchd_time_to_first_token_seconds_count{channel="chat"} 1' in text
     assert "dynbatchd_kv_in_use_tokens 0" in text
+
+
+def test_the_tpot_guard_learns_the_step_cost_from_the_loops_own_steps():
+    from dynbatchd.generation.serving import StepCost, loop_for
+
+    cost = StepCost(weight=1.0)
+    assert cost.estimate_ms(100, 4) == 0.0           # nothing seen: the guard holds nothing back
+    cost.observe(0, 4, 10.0)                          # a decode-only step: 10 ms
+    cost.observe(50, 4, 60.0)                         # 50 prefill tokens beside it: 1 ms a token
+    assert cost.estimate_ms(100, 4) == 110.0
+    runner = FakeRunner()
+    runner.options = {"tpot_guard": True, "kv_budget_tokens": 100}
+    loop = loop_for(runner, Clock())
+    assert loop.cost is not None and loop.scheduler.step_cost_ms == loop.cost.estimate_ms
+    loop.take(job(1, options={"max_new_tokens": 3}))
+    run_all(loop)
+    assert loop.cost.decode_ms is not None          # fed by the steps it ran
+    runner.options = {}
+    assert loop_for(runner, Clock()).scheduler.step_cost_ms is None
