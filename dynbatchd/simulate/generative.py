@@ -39,11 +39,13 @@ class GenerativeDevice:
     max_batch: int = 64
     max_prefill_tokens: int = 4096
     mode: str = "continuous"
+    tpot_guard: bool = False   # the model's option: the scheduler holds a lower class's prefill for a higher TPOT
 
     def describe(self) -> dict[str, Any]:
         return {"model": self.model, "kv_budget_tokens": self.kv_budget_tokens, "kv_source": self.kv_source,
                 "max_batch_sequences": self.max_batch, "max_prefill_tokens": self.max_prefill_tokens,
-                "mode": self.mode, "step_ms": self.latency.step_ms, "per_seq_ms": self.latency.per_seq_ms,
+                "mode": self.mode, "tpot_guard": self.tpot_guard, "step_ms": self.latency.step_ms,
+                "per_seq_ms": self.latency.per_seq_ms,
                 "per_kv_token_ms": self.latency.per_kv_token_ms,
                 "prefill_ms_per_token": self.latency.prefill_ms_per_token}
 
@@ -91,7 +93,7 @@ def config_generative_device(cfg: Any, model: str | None = None, memory_gb: floa
     tokens, source = kv_budget_tokens(cfg, name, memory_gb)
     return GenerativeDevice(name, GenerationLatency(**costs), tokens, source,
                             int(options.get("max_batch_sequences", 64)), int(options.get("max_prefill_tokens", 4096)),
-                            options.get("mode", "continuous"))
+                            options.get("mode", "continuous"), bool(options.get("tpot_guard", False)))
 
 
 def channel_targets(cfg: Any, scenario: str = "mixed") -> dict[str, ChannelTargets]:
@@ -121,15 +123,17 @@ def workload(cfg: Any, scenario: str, rate_per_s: float, requests: int, seed: in
 
 
 def run_generative(cfg: Any, device: GenerativeDevice, *, scenario: str = "mixed", mode: str | None = None,
-                   rate_per_s: float, requests: int, seed: int = 1, tpot_guard: bool = False,
+                   rate_per_s: float, requests: int, seed: int = 1, tpot_guard: bool | None = None,
                    **overrides: int) -> SimulationReport:
     """One simulated device under `requests` arrivals at `rate_per_s`; `overrides`: max_batch,
-    max_prefill_tokens (what `tune` tries)."""
+    max_prefill_tokens (what `tune` tries); `tpot_guard` None: the model's option. The guard uses
+    the latency model's step estimate, where the live loop learns one from its steps."""
     kw = dict(max_batch=device.max_batch, max_prefill_tokens=device.max_prefill_tokens)
     kw.update(overrides)
     return simulate_generation(workload(cfg, scenario, rate_per_s, requests, seed), channel_targets(cfg, scenario),
                                mode=mode or device.mode, kv_budget_tokens=device.kv_budget_tokens,
-                               latency=device.latency, tpot_guard=tpot_guard, **kw)
+                               latency=device.latency,
+                               tpot_guard=device.tpot_guard if tpot_guard is None else tpot_guard, **kw)
 
 
 def per_channel(report: SimulationReport) -> dict[str, dict[str, Any]]:

@@ -97,8 +97,8 @@ def test_an_unknown_scenario_is_one_line_and_exit_2(config):
 
 def test_capacity_answers_for_a_generative_channel_and_grows_with_the_rate(config):
     answers = []
-    for per_day in ("200k", "2M", "10M"):
-        data = invoke("capacity", "--config", config, "--requests-per-day", per_day, "--duration", "10")
+    for per_day in ("200k", "1M", "4M"):
+        data = invoke("capacity", "--config", config, "--requests-per-day", per_day, "--duration", "5")
         assert data["simulated"] is True and data["generative"] is True
         assert data["device"]["kv_source"].startswith("planner: 80 GB")   # the h100-80gb profile's memory
         chosen = next(t for t in data["trials"] if t["devices"] == data["devices"])
@@ -128,3 +128,12 @@ def test_tune_generative_recommends_by_simulation_and_changes_nothing(tmp_path):
 def test_tune_generative_needs_a_channel_of_the_config(config):
     result = CliRunner().invoke(app, ["--config", config, "tune", "nope", "--generative"])
     assert result.exit_code == 2 and "nope" in result.output
+
+
+def test_the_models_tpot_guard_is_simulated_and_keeps_every_k12_chat_turn_within_target(tmp_path):
+    guarded = str(generative_config(tmp_path, extra_model=", tpot_guard = true"))
+    data = invoke("simulate", "--config", guarded, "--scenario", "k12", "--rate", "10", "--duration", "30",
+                  "--mode", "continuous")
+    run = data["modes"]["continuous"]
+    assert data["device"]["tpot_guard"] is True
+    assert run["channels"]["chat"]["met_fraction"] == 1.0 and run["kv_over_budget"] == 0
