@@ -129,8 +129,18 @@ def infer(ctx: typer.Context, model: str, text: str,
     t = result.timing
     timing = {"queue_ms": t.queue_us / 1000, "compute_ms": t.compute_us / 1000, "total_ms": t.total_us / 1000,
               "batch_size": t.batch_size, "channel": t.channel, "device": t.device, "simulated": t.simulated}
+    generated = isinstance(output, dict) and "finish_reason" in output   # a generative model's whole answer
+    if generated:
+        timing.update(ttft_ms=t.ttft_us / 1000, tpot_ms=t.tpot_us / 1000, preemptions=t.preemptions)
     if as_json:
         _emit_json({"id": result.id, "output": output, "timing": timing})
+        return
+    if generated:
+        out.print(output.get("text", ""), highlight=False, markup=False)
+        out.print(f"{output['finish_reason']}: {output.get('output_tokens', '?')} tokens (prompt "
+                  f"{output.get('prompt_tokens', '?')}), channel {t.channel}; time to first token "
+                  f"{timing['ttft_ms']:.1f} ms, per output token {timing['tpot_ms']:.2f} ms, total "
+                  f"{timing['total_ms']:.1f} ms", highlight=False, markup=False)
         return
     summary = output_summary(result.output)
     out.print(Text.assemble((model, "bold"), " output: ", summary[0]))

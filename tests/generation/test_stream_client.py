@@ -174,3 +174,14 @@ def test_a_silent_stream_times_out_per_frame(scripted):
             for item in client.stream("tiny", "hold"):
                 got.append(item.text)
     assert got == ["first"]
+
+
+def test_dynbatchctl_infer_prints_a_whole_generation_as_text_and_counts(scripted):
+    runner = CliRunner()
+    human = runner.invoke(app, ["--endpoint", scripted.endpoint, "infer", "tiny", "w1", "--max-new-tokens", "3"])
+    assert human.exit_code == 0, human.output
+    assert human.output.startswith("Once upon a time\nlength: 3 tokens (prompt 2)")
+    shown = runner.invoke(app, ["--endpoint", scripted.endpoint, "infer", "tiny", "w1", "--json"])
+    data = json.loads(shown.output)
+    assert data["output"]["text"] == "Once upon a time" and data["timing"]["ttft_ms"] == 1.5
+    assert scripted.seen[0]["generate"] == {"max_new_tokens": 3} and "generate" not in scripted.seen[1]
