@@ -116,6 +116,8 @@ def simulate(ctx: typer.Context,
                                                                        for m in cfg.models.values())):
             if scenario not in (None, *SCENARIOS):
                 raise ValueError(f"--scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
+            if trace is not None or tokens is not None:   # the scenario draws prompt and output lengths
+                raise ValueError("--trace and --tokens are not modelled for a generative config (see --scenario)")
             latency = {"step_ms": base_ms, "per_seq_ms": per_item_ms, "prefill_ms_per_token": per_token_ms}
             data = generative_data(cfg, path, scenario=scenario or "mixed", modes=modes_of(mode),
                                    rate=5.0 if rate is None else rate, duration=duration, devices=devices or 1,
