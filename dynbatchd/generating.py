@@ -161,7 +161,8 @@ class Generations:
         self.ended[end.reason] = self.ended.get(end.reason, 0) + 1
         request = run.pending.request
         total_us = (self.daemon.clock() - run.accepted_ns) // 1000
-        device = next((getattr(w, "device", "") for w in getattr(self.daemon.pool, "workers", ()) if w.index == run.worker), "")
+        workers = getattr(self.daemon.pool, "workers", ())
+        device = next((getattr(w, "device", "") for w in workers if w.index == run.worker), "")
         timing = P.Timing(queue_us=max(0, total_us - end.total_us), compute_us=end.total_us, total_us=total_us,
                           batch_size=1, channel=run.channel, device=device,
                           ttft_us=end.ttft_us + max(0, total_us - end.total_us),

@@ -34,8 +34,9 @@ def stream_infer(client: Client, model: str, text: str, as_json: bool, timeout: 
                     sys.stdout.flush()
                 continue
             t = item.timing
-            timing = {"queue_us": t.queue_us, "ttft_us": t.ttft_us, "tpot_us": t.tpot_us, "compute_us": t.compute_us,
-                      "total_us": t.total_us, "preemptions": t.preemptions, "channel": t.channel}
+            timing = {"queue_us": t.queue_us, "ttft_us": t.ttft_us, "tpot_us": t.tpot_us,
+                      "compute_us": t.compute_us, "total_us": t.total_us, "preemptions": t.preemptions,
+                      "channel": t.channel}
             if as_json:
                 line({"id": item.id, "ok": True, "value": item.output, "timing": timing})
                 return
