@@ -68,6 +68,10 @@ class Generations:
     def start(self, job: Any, pending: Any, now_ns: int) -> None:
         """Hand an admitted request to a worker holding its model (or answer it unavailable)."""
         request, pool = pending.request, self.daemon.pool
+        if request.text is None:
+            self.daemon._send((Answer(pending, P.BAD_REQUEST, f"model {request.model!r} generates from a text prompt"),),
+                              job.channel)
+            return
         workers = [w for w in getattr(pool, "workers", ()) if w.state == "ready" and request.model in w.models]
         if not workers:
             self.daemon._send((Answer(pending, P.UNAVAILABLE, f"no worker holds model {request.model!r} now"),), job.channel)

@@ -151,3 +151,11 @@ def test_a_job_its_worker_never_ends_is_answered_past_its_deadline():
     assert [a.code for a in daemon.answers] == [OK, P.DEADLINE_EXCEEDED]
     gens.on_message(worker, P.GenEnd(job.job, "deadline_exceeded"))   # its late end: nobody answered twice
     assert len(daemon.answers) == 2
+
+
+def test_a_prompt_that_is_not_text_is_a_bad_request():
+    daemon = FakeDaemon()
+    gens = Generations(daemon)
+    pending = Pending([b"client"], P.Request(1, "llm", value=[1, 2]), [])
+    gens.start(Job("llm", "chat", 2, 1000.0, pending), pending, daemon.clock())
+    assert [a.code for a in daemon.answers] == [P.BAD_REQUEST] and daemon.sent == []
