@@ -170,7 +170,8 @@ class AsyncClient:
         return (await self.infer_result(model, inputs, **kwargs)).output
 
     async def stream(self, model: str, text: str, *, generate: dict[str, Any] | None = None,
-                     tags: Iterable[str] = (), priority: int | None = None, deadline_ms: float | None = None,
+                     tags: Iterable[str] = (), request_type: str | None = None, user_frequency: str | None = None,
+                     tokens: int | None = None, priority: int | None = None, deadline_ms: float | None = None,
                      tenant: str | None = None, user: str | None = None,
                      timeout: float | None = CLIENT_TIMEOUT) -> AsyncIterator[P.Chunk | Result]:
         """Stream a generative model's answer: each `P.Chunk` (its new `text`) as it comes, then one
@@ -191,9 +192,10 @@ class AsyncClient:
         done = False
         try:
             try:
-                await self._sock.send_multipart(build_request(req_id, model, text, tags=tuple(tags), priority=priority,
-                                                              deadline_ms=deadline_ms, tenant=tenant, user=user,
-                                                              stream=True, generate=generate))
+                await self._sock.send_multipart(build_request(
+                    req_id, model, text, tags=tuple(tags), request_type=request_type, user_frequency=user_frequency,
+                    tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user, stream=True,
+                    generate=generate))
             except zmq.ZMQError as exc:
                 raise (ClientClosed("client closed") if self.closed else
                        DynbatchdError(f"cannot send to {self.endpoint}: {exc}", "closed")) from None

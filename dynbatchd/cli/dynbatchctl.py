@@ -111,7 +111,8 @@ def infer(ctx: typer.Context, model: str, text: str,
     if stream:
         try:
             ops.stream_infer(client, model, text, as_json, timeout, ctx.obj.endpoint, tags=tag,
-                             deadline_ms=deadline_ms, generate=generate)
+                             deadline_ms=deadline_ms, request_type=request_type, user_frequency=user_frequency,
+                             tokens=tokens, generate=generate)
         finally:
             client.close()
         return

@@ -118,8 +118,11 @@ def test_leaving_a_stream_early_sends_a_cancel(scripted):
 
 def test_dynbatchctl_infer_stream_prints_text_then_counts_and_json_lines(scripted):
     runner = CliRunner()
-    human = runner.invoke(app, ["--endpoint", scripted.endpoint, "infer", "tiny", "w1 w2", "--stream"])
+    human = runner.invoke(app, ["--endpoint", scripted.endpoint, "infer", "tiny", "w1 w2", "--stream",
+                                "--tag", "urgent", "--request-type", "chat", "--tokens", "2"])
     assert human.exit_code == 0, human.output
+    sent = scripted.seen[0]
+    assert (sent["tags"], sent["request_type"], sent["tokens"], sent["stream"]) == (["urgent"], "chat", 2, True)
     assert human.output.startswith("Once upon a time\n") and "length: 3 tokens (prompt 2)" in human.output
     lines = runner.invoke(app, ["--endpoint", scripted.endpoint, "infer", "tiny", "w1", "--stream", "--json",
                                 "--max-new-tokens", "3"])
