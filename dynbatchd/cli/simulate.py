@@ -120,7 +120,8 @@ def simulate(ctx: typer.Context,
                 raise ValueError("--trace and --tokens are not modelled for a generative config (see --scenario)")
             latency = {"step_ms": base_ms, "per_seq_ms": per_item_ms, "prefill_ms_per_token": per_token_ms}
             data = generative_data(cfg, path, scenario=scenario or "mixed", modes=modes_of(mode),
-                                   rate=5.0 if rate is None else rate, duration=duration, devices=devices or 1,
+                                   rate=5.0 if rate is None else rate, duration=duration,
+                                   devices=devices or (len(cfg.devices.use) if isinstance(cfg.devices.use, list) else 1),
                                    seed=seed, latency={k: v for k, v in latency.items() if v is not None})
             return show_generative(data, as_json, wide)
         rate = 500.0 if rate is None else rate

@@ -137,3 +137,10 @@ def test_the_models_tpot_guard_is_simulated_and_keeps_every_k12_chat_turn_within
     run = data["modes"]["continuous"]
     assert data["device"]["tpot_guard"] is True
     assert run["channels"]["chat"]["met_fraction"] == 1.0 and run["kv_over_budget"] == 0
+
+
+def test_simulate_shares_the_load_over_the_devices_the_config_uses(tmp_path):
+    path = generative_config(tmp_path)
+    path.write_text(path.read_text().replace("memory_gb = 80", 'memory_gb = 80\nuse = ["cuda:0", "cuda:1"]'))
+    data = invoke("simulate", "--config", str(path), "--rate", "10", "--duration", "10", "--mode", "continuous")
+    assert data["devices"] == 2 and data["requests_per_device"] == 50
