@@ -23,6 +23,9 @@ from dynbatchd.telemetry import Histogram
 
 log = logging.getLogger("dynbatchd")
 
+# The channel counter each final code adds to (bad_request: the client's mistake, as at intake).
+COUNTERS = {OK: "completed", P.DEADLINE_EXCEEDED: "expired", P.CANCELLED: "cancelled", P.MODEL_ERROR: "failed",
+            P.SHUTTING_DOWN: "failed", P.UNAVAILABLE: "failed"}
 OVERDUE_GRACE_S = 2.0   # past a job's deadline, how long the daemon waits for its worker's end
 CODES = {"cancelled": P.CANCELLED, "deadline_exceeded": P.DEADLINE_EXCEEDED, "bad_request": P.BAD_REQUEST,
          "too_large": P.BAD_REQUEST}
@@ -87,6 +90,8 @@ class Generations:
                                 settings.priority, getattr(settings, "ttft_ms", None),
                                 getattr(settings, "tpot_ms", None), job.deadline_ms)
         run = self.jobs[number] = Running(pending, job.channel, worker, now_ns)
+        if (stats := self._stats(job.channel)) is not None:
+            stats.accepted += 1
         self.by_client[(pending.envelope[0], request.id)] = number
         if job.deadline_ms and (loop := getattr(self.daemon, "loop", None)) is not None:
             run.overdue = loop.call_later(job.deadline_ms / 1000 + OVERDUE_GRACE_S, self.overdue, number)
@@ -161,6 +166,12 @@ class Generations:
         elif (front := self.daemon.front) is not None:
             front.io.send([*envelope, P.encoder.encode(chunk)])
 
+    def _stats(self, channel: str) -> Any:
+        """The engine's counters of `channel` (accepted, completed...: `dynbatchctl status`), if any."""
+        engine = getattr(self.daemon, "engine", None)
+        found = engine.channels.get(channel) if engine is not None else None
+        return found.stats if found is not None else None
+
     def _answer(self, run: Running, end: P.GenEnd) -> Answer:
         self.ended[end.reason] = self.ended.get(end.reason, 0) + 1
         request = run.pending.request
@@ -190,6 +201,8 @@ class Generations:
         run = self.jobs.pop(number)
         if run.overdue is not None:
             run.overdue.cancel()
+        if (stats := self._stats(run.channel)) is not None and (counter := COUNTERS.get(answer.code)):
+            setattr(stats, counter, getattr(stats, counter) + 1)
         pending = run.pending
         self.by_client.pop((pending.envelope[0], pending.request.id), None)
         self.daemon._send((answer,), run.channel)

@@ -159,3 +159,16 @@ def test_a_prompt_that_is_not_text_is_a_bad_request():
     pending = Pending([b"client"], P.Request(1, "llm", value=[1, 2]), [])
     gens.start(Job("llm", "chat", 2, 1000.0, pending), pending, daemon.clock())
     assert [a.code for a in daemon.answers] == [P.BAD_REQUEST] and daemon.sent == []
+
+
+def test_the_channels_counters_count_generate_requests():
+    from dynbatchd.telemetry import ChannelStats
+
+    daemon = FakeDaemon()
+    stats = ChannelStats()
+    daemon.engine = types.SimpleNamespace(channels={"chat": types.SimpleNamespace(stats=stats)})
+    gens = Generations(daemon)
+    for rid, reason in ((1, "length"), (2, "cancelled"), (3, "deadline_exceeded"), (4, "error")):
+        worker, job = start(gens, daemon, rid)
+        gens.on_message(worker, P.GenEnd(job.job, reason))
+    assert (stats.accepted, stats.completed, stats.cancelled, stats.expired, stats.failed) == (4, 1, 1, 1, 1)
