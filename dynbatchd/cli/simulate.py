@@ -119,9 +119,9 @@ def simulate(ctx: typer.Context,
             if trace is not None or tokens is not None:   # the scenario draws prompt and output lengths
                 raise ValueError("--trace and --tokens are not modelled for a generative config (see --scenario)")
             latency = {"step_ms": base_ms, "per_seq_ms": per_item_ms, "prefill_ms_per_token": per_token_ms}
+            used = len(cfg.devices.use) if isinstance(cfg.devices.use, list) else 1
             data = generative_data(cfg, path, scenario=scenario or "mixed", modes=modes_of(mode),
-                                   rate=5.0 if rate is None else rate, duration=duration,
-                                   devices=devices or (len(cfg.devices.use) if isinstance(cfg.devices.use, list) else 1),
+                                   rate=5.0 if rate is None else rate, duration=duration, devices=devices or used,
                                    seed=seed, latency={k: v for k, v in latency.items() if v is not None})
             return show_generative(data, as_json, wide)
         rate = 500.0 if rate is None else rate

@@ -41,8 +41,8 @@ def show_generative(data: dict[str, Any], as_json: bool, wide: bool) -> None:
     out, d = Console(), data["device"]
     out.print(f"[yellow]SIMULATED[/yellow] generation: {data['scenario']} workload, {data['rate_per_s']:g} req/s "
               f"over {data['devices']} simulated device(s) ({data['requests_per_device']} requests each) of model "
-              f"{d['model']}: {d['step_ms']:g} ms/step + {d['per_seq_ms']:g} ms/sequence + {d['prefill_ms_per_token']:g}"
-              f" ms/prefill token; KV {d['kv_budget_tokens']} tokens ({d['kv_source']}); channels from "
+              f"{d['model']}: {d['step_ms']:g} ms/step + {d['per_seq_ms']:g} ms/sequence + "
+              f"{d['prefill_ms_per_token']:g} ms/prefill token; KV {d['kv_budget_tokens']} tokens ({d['kv_source']}); channels from "
               f"{data['config']}", highlight=False)
     columns = [("mode", 0), ("channel", 0), ("requests", 3), ("met targets", 0), ("TTFT p50 ms", 4),
                ("TTFT p99 ms", 0), ("TPOT ms", 2)]
