@@ -29,7 +29,8 @@ a head's size and lines, and the time a head, a body or a reply may take; a requ
 inputs are admitted all or none, submitted a chunk per loop turn. Payloads are never
 logged: a fault is logged in one line naming the route and the reason.
 
-The server and connection handling is here; the endpoint handlers are in `httpendpoints`, the
+The server and connection handling is here; the endpoint handlers are in `httpendpoints` (and the
+generative ones in `httpgenerate`), the server-sent events and hang-up watch in `httpstream`, the
 shared table and helpers in `httpwire` (whose names this module re-exports).
 """
 
@@ -50,7 +51,8 @@ from dynbatchd.httpkeys import KeyStore, presented_key
 from dynbatchd.logs import request_fields
 
 from .httpendpoints import HttpEndpoints
-from .httpgenerate import EventStream, HttpGenerate
+from .httpgenerate import GENERATIVE, EventStream, HttpGenerate
+from .httpstream import HttpStreaming
 from .httpwire import (FROM_V2, OPEN_HANDLERS, READ_SIZE, RETRY_LATER, ROUTES, STATUS, SUBMIT_CHUNK,  # noqa: F401
                        UNAUTHORIZED, V2_TYPES, ClientGone, HttpError, bad_output, body_tags, output_array,
                        reason, request_id, request_meta, text_headers)
@@ -58,7 +60,7 @@ from .httpwire import (FROM_V2, OPEN_HANDLERS, READ_SIZE, RETRY_LATER, ROUTES, S
 log = logging.getLogger(__name__)
 
 
-class HttpDoor(HttpEndpoints, HttpGenerate):
+class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
     """The door: an h11 server on the daemon's loop, its connections, limits, keys and lifecycle."""
 
     def __init__(self, settings: Any, api: Any):
@@ -116,50 +118,6 @@ class HttpDoor(HttpEndpoints, HttpGenerate):
             self._connections.pop(task, None)
             writer.close()
 
-    async def _stream(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      events: EventStream, headers: list) -> None:
-        """Send a streamed completion's events as they come (chunked; the connection closes after it).
-        The client hanging up (its side read to the end) withdraws the request at once, so the worker
-        frees its KV; each event must be taken within body_timeout_s."""
-        head = [("content-type", "text/event-stream"), ("cache-control", "no-cache"), *headers,
-                ("connection", "close")]
-        self._in_progress += 1
-        gone = asyncio.ensure_future(self._until_closed(reader))
-        try:
-            writer.write(conn.send(h11.Response(status_code=200, headers=head, reason=reason(200))))
-            while True:
-                following = asyncio.ensure_future(events.__anext__())
-                await asyncio.wait((following, gone), return_when=asyncio.FIRST_COMPLETED)
-                if not following.done():
-                    following.cancel()
-                    raise ClientGone("mid-stream: withdrawn")
-                try:
-                    data = following.result()
-                except StopAsyncIteration:
-                    break
-                writer.write(conn.send(h11.Data(data=data)))
-                async with asyncio.timeout(self.settings.body_timeout_s):
-                    await writer.drain()
-            writer.write(conn.send(h11.EndOfMessage()))
-            async with asyncio.timeout(self.settings.body_timeout_s):
-                await writer.drain()
-        except ClientGone as exc:
-            exc.request_id = dict(headers).get("x-request-id", "-")
-            raise
-        finally:
-            gone.cancel()
-            events.close()
-            self._in_progress -= 1
-
-    @staticmethod
-    async def _until_closed(reader: asyncio.StreamReader) -> None:
-        """Returns when the client closes its side (what it sends meanwhile is dropped)."""
-        try:
-            while await reader.read(READ_SIZE):
-                pass
-        except ConnectionError:
-            pass
-
     async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Before closing on a request it did not read to the end, drop what the client still sends (up to
         header_timeout_s and 4 x max_request_bytes): a client that sends its whole body before
@@ -205,7 +163,10 @@ class HttpDoor(HttpEndpoints, HttpGenerate):
             self._in_progress += 1
             try:
                 body = await self._body(conn, reader, writer, headers, peer)
-                status, answer = await handler(name, headers, body)
+                if handler.__name__ in GENERATIVE:   # long: a client that hangs up withdraws it
+                    status, answer = await self._unless_gone(handler(name, headers, body), conn, reader)
+                else:
+                    status, answer = await handler(name, headers, body)
             finally:
                 self._in_progress -= 1
             if isinstance(answer, EventStream):

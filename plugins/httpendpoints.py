@@ -69,8 +69,8 @@ class HttpEndpoints:
                 exc.retry_after = self.api.retry_after(meta.get("tenant"))
             raise
         finally:
-            for future in futures:
-                if not future.done():
+            for future in futures:   # (a cancelled handler's await cancelled its future: withdraw that too)
+                if not future.done() or future.cancelled():
                     self.api.withdraw(future)
 
     @staticmethod

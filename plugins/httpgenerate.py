@@ -12,6 +12,7 @@ unless they ask for the default (``n`` 1, ``top_p`` 1, no ``logprobs``); others 
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -26,6 +27,7 @@ from .httpwire import STATUS, HttpError, body_tags, request_meta
 OPTIONS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "temperature": "temperature",
            "top_k": "top_k", "seed": "seed", "stop": "stop"}
 DEFAULT_ONLY = {"n": 1, "top_p": 1, "best_of": 1, "echo": False, "logprobs": None, "suffix": None}
+GENERATIVE = ("completions", "chat_completions")   # handlers a client's hang-up cancels (plugins.http)
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
@@ -164,7 +166,7 @@ class HttpGenerate:
             return 200, EventStream(local, shape, chat, isinstance(options, dict) and options.get("include_usage") is True)
         future = self.api.infer(request, tenant=tenant, channels=channels)
         try:
-            answer = await future
+            answer = await asyncio.shield(future)   # (cancelling this handler must not cancel the future)
         finally:
             if not future.done():   # this handler was cancelled (the connection went): withdraw
                 self.api.withdraw(future)

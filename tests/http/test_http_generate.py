@@ -111,22 +111,22 @@ class Quotas:
         return "7"
 
 
-async def open_door(host: FakeHost) -> HttpDoor:
+async def open_door(host: FakeHost, keys: bool = False) -> HttpDoor:
     host.quotas = Quotas()
-    door = HttpDoor(HttpSettings(listen="127.0.0.1:0"), LocalDoor(host))
+    door = HttpDoor(HttpSettings(listen="127.0.0.1:0", keys=keys), LocalDoor(host))
     await door.start()
     door.port = door._server.sockets[0].getsockname()[1]
     return door
 
 
-async def post(door: HttpDoor, path: str, body, *, until_events: int | None = None):
+async def post(door: HttpDoor, path: str, body, *, until_events: int | None = None, headers=()):
     """(status, headers, data) of a POST; with `until_events` the connection is closed after that
     many SSE events, and data is what came."""
     reader, writer = await asyncio.open_connection("127.0.0.1", door.port)
     client = h11.Connection(h11.CLIENT)
     raw = body if isinstance(body, bytes) else msgspec.json.encode(body)
     writer.write(client.send(h11.Request(method="POST", target=path, headers=[
-        ("host", "x"), ("content-type", "application/json"), ("content-length", str(len(raw)))])))
+        ("host", "x"), ("content-type", "application/json"), ("content-length", str(len(raw))), *headers])))
     writer.write(client.send(h11.Data(data=raw)) + client.send(h11.EndOfMessage()))
     status, headers, data = None, {}, b""
     while True:
@@ -150,10 +150,10 @@ def sse(data: bytes) -> list:
     return [e.decode() if e == b"[DONE]" else msgspec.json.decode(e) for e in events]
 
 
-def served(host: FakeHost, script) -> object:
+def served(host: FakeHost, script, keys: bool = False) -> object:
     """Run `script(door)` against a door on `host`; the door stops after it."""
     async def run():
-        door = await open_door(host)
+        door = await open_door(host, keys)
         try:
             return await script(door)
         finally:
@@ -286,3 +286,40 @@ def test_a_starting_daemon_answers_503():
 
     status, headers, data = served(FakeHost(state="starting"), script)
     assert status == 503 and msgspec.json.decode(data)["error"]["code"] == P.UNAVAILABLE
+
+
+def test_a_client_hanging_up_before_a_whole_answer_withdraws_the_request():
+    host = FakeHost()
+
+    async def script(door):
+        host.withdrawn = asyncio.Event()
+        reader, writer = await asyncio.open_connection("127.0.0.1", door.port)
+        raw = msgspec.json.encode({"model": "gen", "prompt": "x"})
+        writer.write(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (len(raw), raw))
+        await host.arrived.wait()
+        writer.close()
+        await host.withdrawn.wait()
+
+    served(host, script)
+    assert host.cancels == [host.requests[0][1].id]
+
+
+def test_the_completion_routes_need_an_api_key_as_embeddings_do(tmp_path):
+    from dynbatchd.httpkeys import create
+
+    host = FakeHost()
+    host.config.daemon.keys_dir = str(tmp_path)
+    key = create(tmp_path, "alice", "bank-a")
+
+    async def script(door):
+        refused = await post(door, "/v1/chat/completions", {"model": "gen", "messages": []})
+        call = asyncio.ensure_future(post(door, "/v1/completions", {"model": "gen", "prompt": "x"},
+                                          headers=[("authorization", f"Bearer {key}")]))
+        await host.arrived.wait()
+        host.requests[0][0].settle(final("y"))
+        return refused, await call
+
+    refused, allowed = served(host, script, keys=True)
+    assert refused[0] == 401 and msgspec.json.decode(refused[2])["error"]["code"] == "unauthorized"
+    envelope, request = host.requests[0]
+    assert allowed[0] == 200 and envelope.tenant == "bank-a" and request.tenant == "bank-a"

@@ -1,0 +1,83 @@
+"""How the HTTP door answers over time: a streamed completion's server-sent events as they come,
+and a generative request whose client hangs up first withdrawn (so its worker frees the KV room).
+A mixin of `dynbatchd_plugins.http.HttpDoor` (`self.settings`: ``[http]``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import h11
+
+from .httpgenerate import EventStream
+from .httpwire import READ_SIZE, ClientGone, reason
+
+
+class HttpStreaming:
+    settings: Any
+    _in_progress: int
+
+    async def _stream(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      events: EventStream, headers: list) -> None:
+        """Send a streamed completion's events as they come (chunked; the connection closes after it).
+        The client hanging up (its side read to the end) withdraws the request at once, so the worker
+        frees its KV; each event must be taken within body_timeout_s."""
+        head = [("content-type", "text/event-stream"), ("cache-control", "no-cache"), *headers,
+                ("connection", "close")]
+        self._in_progress += 1
+        gone = asyncio.ensure_future(self._until_closed(reader))
+        try:
+            writer.write(conn.send(h11.Response(status_code=200, headers=head, reason=reason(200))))
+            while True:
+                following = asyncio.ensure_future(events.__anext__())
+                await asyncio.wait((following, gone), return_when=asyncio.FIRST_COMPLETED)
+                if not following.done():
+                    following.cancel()
+                    raise ClientGone("mid-stream: withdrawn")
+                try:
+                    data = following.result()
+                except StopAsyncIteration:
+                    break
+                writer.write(conn.send(h11.Data(data=data)))
+                async with asyncio.timeout(self.settings.body_timeout_s):
+                    await writer.drain()
+            writer.write(conn.send(h11.EndOfMessage()))
+            async with asyncio.timeout(self.settings.body_timeout_s):
+                await writer.drain()
+        except ClientGone as exc:
+            exc.request_id = dict(headers).get("x-request-id", "-")
+            raise
+        finally:
+            gone.cancel()
+            events.close()
+            self._in_progress -= 1
+
+    @staticmethod
+    async def _unless_gone(answering: Any, conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
+        """Await `answering` (a handler); the client closing its connection first cancels it, which
+        withdraws its request. Bytes that come meanwhile (a pipelined request) go to h11 for later."""
+        task = asyncio.ensure_future(answering)
+        watch = asyncio.ensure_future(reader.read(READ_SIZE))
+        try:
+            await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
+            if watch.done():
+                data = b"" if watch.exception() else watch.result()
+                if not task.done() and not data:
+                    task.cancel()
+                    await asyncio.wait((task,))
+                    raise ClientGone("while its answer was made: withdrawn")
+                conn.receive_data(data)
+            return await task
+        finally:
+            task.cancel()
+            if not watch.done():
+                watch.cancel()
+
+    @staticmethod
+    async def _until_closed(reader: asyncio.StreamReader) -> None:
+        """Returns when the client closes its side (what it sends meanwhile is dropped)."""
+        try:
+            while await reader.read(READ_SIZE):
+                pass
+        except ConnectionError:
+            pass
