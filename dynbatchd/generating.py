@@ -39,6 +39,7 @@ class Running:
     accepted_ns: int
     chunks: int = 0
     tokens: int = 0
+    deadline_ms: float | None = None
     overdue: Any = None   # the backstop timer: answered by the daemon if the worker never ends it
 
 
@@ -89,7 +90,7 @@ class Generations:
         message = P.GenerateJob(number, request.model, request.text or "", dict(request.generate or {}), job.channel,
                                 settings.priority, getattr(settings, "ttft_ms", None),
                                 getattr(settings, "tpot_ms", None), job.deadline_ms)
-        run = self.jobs[number] = Running(pending, job.channel, worker, now_ns)
+        run = self.jobs[number] = Running(pending, job.channel, worker, now_ns, deadline_ms=job.deadline_ms)
         if (stats := self._stats(job.channel)) is not None:
             stats.accepted += 1
         self.by_client[(pending.envelope[0], request.id)] = number
@@ -203,6 +204,8 @@ class Generations:
             run.overdue.cancel()
         if (stats := self._stats(run.channel)) is not None and (counter := COUNTERS.get(answer.code)):
             setattr(stats, counter, getattr(stats, counter) + 1)
+            if answer.code == OK and run.deadline_ms and answer.timing.total_us > run.deadline_ms * 1000:
+                stats.late += 1   # (a worker's end after the deadline, before its step noticed)
         pending = run.pending
         self.by_client.pop((pending.envelope[0], pending.request.id), None)
         self.daemon._send((answer,), run.channel)

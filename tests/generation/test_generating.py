@@ -172,3 +172,7 @@ def test_the_channels_counters_count_generate_requests():
         worker, job = start(gens, daemon, rid)
         gens.on_message(worker, P.GenEnd(job.job, reason))
     assert (stats.accepted, stats.completed, stats.cancelled, stats.expired, stats.failed) == (4, 1, 1, 1, 1)
+    worker, job = start(gens, daemon, 5)
+    daemon.now += 2_000_000_000   # 2 s later, past its 1 s deadline
+    gens.on_message(worker, P.GenEnd(job.job, "stop", 3))
+    assert (stats.completed, stats.late) == (2, 1)
