@@ -180,3 +180,34 @@ def test_the_tpot_guard_learns_the_step_cost_from_the_loops_own_steps():
     assert loop.cost.decode_ms is not None          # fed by the steps it ran
     runner.options = {}
     assert loop_for(runner, Clock()).scheduler.step_cost_ms is None
+
+
+class FakeSocket:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, raw):
+        self.sent.append(P.worker_decoder.decode(raw))
+
+
+def test_the_worker_steps_its_loops_and_ends_every_job_of_a_failing_model():
+    from dynbatchd.devices.worker import Generating
+
+    sock = FakeSocket()
+    generating = Generating(sock)
+    runner = FakeRunner()
+    runner.options = {"kv_budget_tokens": 100}
+    runners = {"m": runner, "emb": object()}
+    generating.handle(P.GenerateJob(1, "emb", "a b"), runners)     # not generative
+    generating.handle(P.GenerateJob(2, "gone", "a b"), runners)    # not loaded
+    assert [(m.job, m.reason) for m in sock.sent] == [(1, "error"), (2, "error")]
+    generating.handle(P.GenerateJob(3, "m", "a b", options={"max_new_tokens": 2}), runners)
+    while generating.busy:
+        generating.step()
+    assert sock.sent[-1].job == 3 and sock.sent[-1].reason == "length"
+    generating.handle(P.GenerateJob(4, "m", "a b", options={"max_new_tokens": 9}), runners)
+    generating.step()
+    runner.decode_step = lambda ids: 1 / 0            # the model fails mid-generation
+    generating.step()
+    assert (sock.sent[-1].job, sock.sent[-1].reason) == (4, "error") and "ZeroDivisionError" in sock.sent[-1].message
+    assert not generating.busy and runner.sequences == {}
