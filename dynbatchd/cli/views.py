@@ -119,7 +119,27 @@ def status_view(data: dict[str, Any], console: Console | None = None, wide: bool
         c = data["cache"]
         parts.append(Text(f"cache: {c['entries']}/{c['capacity']} entries, hit rate {_pct(c['hit_rate'])}, "
                           f"warmup backlog {c['warmup_backlog']}"))
+    parts += [Text(line) for line in generation_lines(data.get("generation"))]
     return Group(*parts)
+
+
+def generation_lines(gen: dict[str, Any] | None) -> list[str]:
+    """`generation: 2 running, 812 KV tokens in use`, then per channel its tokens and TTFT/TPOT
+    p50/p99; nothing for a daemon that has generated nothing."""
+    if not gen or not (gen.get("running") or gen.get("ended")):
+        return []
+    ended = ", ".join(f"{n} {reason}" for reason, n in sorted(gen.get("ended", {}).items()))
+    lines = [f"generation: {gen['running']} running, {gen['kv_in_use_tokens']} KV tokens in use"
+             + (f"; ended {ended}" if ended else "")]
+    ttft, tpot = gen.get("ttft", {}), gen.get("tpot", {})
+    for channel, tokens in sorted(gen.get("generated_tokens", {}).items()):
+        line = f"  {channel}: {tokens} tokens generated"
+        if channel in ttft:
+            line += f", first token p50 {ttft[channel]['p50_ms']:.1f} / p99 {ttft[channel]['p99_ms']:.1f} ms"
+        if channel in tpot:
+            line += f", per token p50 {tpot[channel]['p50_ms']:.2f} / p99 {tpot[channel]['p99_ms']:.2f} ms"
+        lines.append(line)
+    return lines
 
 
 def overrides_lines(overrides: dict[str, dict[str, Any]]) -> list[str]:

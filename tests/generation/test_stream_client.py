@@ -188,3 +188,15 @@ def test_dynbatchctl_infer_prints_a_whole_generation_as_text_and_counts(scripted
     data = json.loads(shown.output)
     assert data["output"]["text"] == "Once upon a time" and data["timing"]["ttft_ms"] == 1.5
     assert scripted.seen[0]["generate"] == {"max_new_tokens": 3} and "generate" not in scripted.seen[1]
+
+
+def test_status_shows_generation_once_something_was_generated():
+    from dynbatchd.cli.views import generation_lines
+
+    assert generation_lines(None) == [] and generation_lines({"running": 0, "ended": {}}) == []
+    lines = generation_lines({"running": 2, "kv_in_use_tokens": 812, "ended": {"length": 3, "cancelled": 1},
+                              "generated_tokens": {"chat": 120},
+                              "ttft": {"chat": {"p50_ms": 21.0, "p99_ms": 40.5}},
+                              "tpot": {"chat": {"p50_ms": 1.25, "p99_ms": 3.5}}})
+    assert lines == ["generation: 2 running, 812 KV tokens in use; ended 1 cancelled, 3 length",
+                     "  chat: 120 tokens generated, first token p50 21.0 / p99 40.5 ms, per token p50 1.25 / p99 3.50 ms"]
