@@ -177,5 +177,8 @@ def test_a_stop_drains_a_running_generation_to_its_end(served):
         assert finals["drain"]["ok"] is True, finals["drain"]
         assert finals["drain"]["value"]["output_tokens"] >= len(chunks["drain"]) + ("ok" not in first)
         assert daemon.stop() == 0
+        assert daemon.trouble == []                        # no error logged all module long
+        log = daemon.log.read_text(errors="replace")
+        assert not any(prompt in log for prompt in PROMPTS)   # prompts never reach the log
     finally:
         sock.close()
