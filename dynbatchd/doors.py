@@ -129,6 +129,15 @@ class LocalDoor:
     def max_request_bytes(self) -> int:
         return self._daemon.config.daemon.max_request_bytes
 
+    def generative(self, model: str) -> bool:
+        """Whether `model` generates text token by token (a causal-lm runner's): what the completion
+        endpoints serve."""
+        generation = getattr(self._daemon, "generation", None)
+        if generation is not None:
+            return generation.generative(model)
+        spec = self._daemon.config.models.get(model)
+        return spec is not None and spec.runner == "causal-lm"
+
     def retry_after(self, tenant: str | None) -> str:
         """Retry-After for a request of `tenant` answered quota_exceeded: whole seconds, at least 1."""
         return self._daemon.quotas.retry_after_header(tenant)

@@ -21,7 +21,7 @@ import msgspec
 
 from dynbatchd import protocol as P
 
-from .httpwire import STATUS, HttpError, body_tags, request_meta
+from .httpwire import STATUS, HttpError, bad_output, body_tags, request_meta
 
 # OpenAI's name of each generate option (max_completion_tokens: the chat API's newer name)
 OPTIONS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "temperature": "temperature",
@@ -104,8 +104,8 @@ class EventStream:
         if item.code != "ok":
             error = {"code": item.code, "message": item.message, "status": STATUS.get(item.code, 500)}
             return b"data: " + msgspec.json.encode({"error": error}) + b"\n\ndata: [DONE]\n\n"
-        value = item.output[0]
-        events = [self._event(self._choice(None if self.chat else "", value["finish_reason"]))]
+        value = item.output[0] if isinstance(item.output[0], dict) else {}
+        events = [self._event(self._choice(None if self.chat else "", value.get("finish_reason")))]
         if self.usage:
             events.append(self._event(None, usage=usage(value)))
         return b"".join(events) + b"data: [DONE]\n\n"
@@ -144,6 +144,10 @@ class HttpGenerate:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise HttpError(P.BAD_REQUEST, "\"model\" must name a model")
+        if model not in self.api.models:
+            raise HttpError(P.UNKNOWN_MODEL, f"no model named {model!r}")
+        if not self.api.generative(model):
+            raise HttpError(P.BAD_REQUEST, f"model {model!r} does not generate text (its runner is not causal-lm)")
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise HttpError(P.BAD_REQUEST, "\"stream\" must be true or false")
@@ -173,7 +177,9 @@ class HttpGenerate:
         if answer.code != "ok":
             self._refused(answer, meta)
         value = answer.output[0]
-        text = value.get("text", "")
+        if not isinstance(value, dict) or not isinstance(value.get("text"), str):
+            raise bad_output(model, "no generated text")
+        text = value["text"]
         choice = ({"index": 0, "message": {"role": "assistant", "content": text}} if chat
                   else {"index": 0, "text": text, "logprobs": None})
         return 200, {**shape, "choices": [{**choice, "finish_reason": value["finish_reason"]}], "usage": usage(value)}

@@ -21,7 +21,8 @@ class FakeHost:
 
     def __init__(self, state: str = "serving"):
         self.state = state
-        self.config = SimpleNamespace(models={"gen": SimpleNamespace(runner="causal-lm", options={})},
+        self.config = SimpleNamespace(models={"gen": SimpleNamespace(runner="causal-lm", options={}),
+                                              "enc": SimpleNamespace(runner="callable", options={})},
                                       daemon=SimpleNamespace(keys_dir="", max_request_bytes=4096))
         self.requests: list[tuple] = []
         self.cancels: list = []
@@ -265,6 +266,8 @@ def answered(code: str, message: str = "no"):
     ("/v1/chat/completions", {"model": "gen", "messages": [{"role": "user", "content": "x"}]},
      answered(P.DEADLINE_EXCEEDED), 504, P.DEADLINE_EXCEEDED),
     ("/v1/completions", {"model": "gen", "prompt": "x" * 5000}, None, 413, P.BAD_REQUEST),  # over max_request_bytes
+    ("/v1/completions", {"model": "enc", "prompt": "x"}, None, 400, P.BAD_REQUEST),     # not a causal-lm model
+    ("/v1/completions", {"model": "nope", "prompt": "x"}, None, 404, P.UNKNOWN_MODEL),
 ])
 def test_errors_are_openai_shaped_with_their_status(path, body, respond, status, code):
     host = FakeHost()
