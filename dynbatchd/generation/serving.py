@@ -87,11 +87,11 @@ class GenerationLoop:
         except Exception as exc:   # (an empty prompt after tokenising): the client's input
             self.errors.append(P.GenEnd(job.job, "bad_request", message=f"{type(exc).__name__}: {exc}"[:300]))
             return
-        channels = self.scheduler.channels
-        if job.channel not in channels or channels[job.channel].priority != -job.priority:
-            # the config's priority goes higher first, the scheduler's classes lower first
-            channels[job.channel] = ChannelTargets(job.channel, -job.priority, job.ttft_ms or NO_TARGET_MS,
-                                                   job.tpot_ms or NO_TARGET_MS)
+        # the config's priority goes higher first, the scheduler's classes lower first; each job
+        # carries its channel's settings, so a reload's new targets apply from its next job
+        targets = ChannelTargets(job.channel, -job.priority, job.ttft_ms or NO_TARGET_MS, job.tpot_ms or NO_TARGET_MS)
+        if self.scheduler.channels.get(job.channel) != targets:
+            self.scheduler.channels[job.channel] = targets
         deadline = None if job.deadline_ms is None else now + job.deadline_ms
         self.jobs[key], self.taken_ms[key] = job, now
         ended = self.scheduler.submit(GenRequest(key, job.channel, len(seq.prompt_ids), seq.max_new_tokens, now,

@@ -5,6 +5,7 @@ one's KV, never the reverse. Fake runner and clock of test_serving_loop (no torc
 from __future__ import annotations
 
 from dynbatchd import protocol as P
+from dynbatchd.generation.serving import NO_TARGET_MS
 from test_serving_loop import make, run_all
 
 
@@ -27,3 +28,12 @@ def test_a_higher_priority_arrival_preempts_a_lower_one():
 
 def test_a_lower_priority_arrival_waits_for_the_running_one():
     assert run(3, -1) == ([1, 2], 0)
+
+
+def test_a_reloaded_channel_target_reaches_the_loop_with_the_next_job():
+    """A reload that changes ttft_ms / tpot_ms (not priority) reaches the worker with the next job."""
+    runner, loop = make()
+    loop.take(P.GenerateJob(1, "m", "a b c", channel="chat", priority=1, ttft_ms=500.0, tpot_ms=80.0))
+    loop.take(P.GenerateJob(2, "m", "a b c", channel="chat", priority=1, ttft_ms=200.0))
+    targets = loop.scheduler.channels["chat"]
+    assert (targets.priority, targets.ttft_ms, targets.tpot_ms) == (-1, 200.0, NO_TARGET_MS)
