@@ -1,6 +1,7 @@
-"""Preemption in the worker's generation loop follows the config's `priority` (higher first, as
-everywhere in the daemon and in `dynbatchctl simulate`): a higher-priority arrival takes a lower
-one's KV, never the reverse. Fake runner and clock of test_serving_loop (no torch)."""
+"""The worker's generation loop takes its channels' settings from each job: preemption follows the
+config's `priority` (higher first, as everywhere in the daemon and in `dynbatchctl simulate`): a
+higher-priority arrival takes a lower one's KV, never the reverse; and a reload's new targets apply
+from the next job. Fake runner and clock of test_serving_loop (no torch)."""
 
 from __future__ import annotations
 
