@@ -84,3 +84,5 @@ def test_a_stream_over_sse_yields_the_text_of_the_whole_answer_and_a_hang_up_fre
     status = wait_until(lambda: (g := served.status()["generation"])["ended"].get("cancelled") and g, 60,
                         message="the hang-up never cancelled the generation")
     assert status["running"] == 0 and status["kv_in_use_tokens"] == 0
+    log = served.log.read_text(errors="replace")
+    assert "w1 w2 w3" not in log and text not in log, "a prompt or a completion reached the log"
