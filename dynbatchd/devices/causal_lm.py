@@ -124,10 +124,21 @@ class CausalLMRunner(Runner):
         generator = None
         if temperature > 0:
             generator = torch.Generator().manual_seed(o.get("seed", 0) if seed is None else seed)
-        seq = GenSequence(ids, max_new_tokens or o.get("max_new_tokens", 64), tuple(stop or o.get("stop", ())),
+        new = max_new_tokens or o.get("max_new_tokens", 64)
+        if (limit := self.max_context) is not None and len(ids) + new > limit:   # (a crash mid-batch, else)
+            raise ValueError(f"prompt ({len(ids)} tokens) + max_new_tokens ({new}) is longer than the model's "
+                             f"context ({limit} tokens)")
+        seq = GenSequence(ids, new, tuple(stop or o.get("stop", ())),
                           temperature, o.get("top_k", 0) if top_k is None else top_k, generator)
         self.sequences[seq_id] = seq
         return seq
+
+    @property
+    def max_context(self) -> int | None:
+        """The most positions the loaded model takes (its config's max_position_embeddings or
+        n_positions); None before `load` or when the config does not say."""
+        config = getattr(self.model, "config", None)
+        return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
     def remove(self, seq_id: str) -> GenSequence | None:
         """Forget a sequence (finished or cancelled): its KV tensors are released at once."""

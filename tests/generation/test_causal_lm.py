@@ -132,3 +132,13 @@ def test_options_are_checked_without_loading(model_dir, tmp_path):
         check_options(CausalLMRunner, {"path": str(model_dir), "dtype": "int3"})
     with pytest.raises(OptionError, match="config.json"):
         check_options(CausalLMRunner, {"path": str(tmp_path)})
+
+
+def test_a_sequence_longer_than_the_model_context_is_refused_when_added(runner):
+    limit = runner.max_context
+    assert limit == 512   # the tiny model's max_position_embeddings
+    with pytest.raises(ValueError, match=r"longer than the model's context \(512 tokens\)"):
+        runner.add("too-long", "w1 w2", max_new_tokens=limit - 1)
+    assert "too-long" not in runner.sequences
+    runner.add("fits", "w1 w2", max_new_tokens=limit - 2)
+    runner.remove("fits")
