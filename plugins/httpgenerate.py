@@ -26,7 +26,9 @@ from .httpwire import STATUS, HttpError, bad_output, body_tags, request_meta
 # OpenAI's name of each generate option (max_completion_tokens: the chat API's newer name)
 OPTIONS = {"max_tokens": "max_new_tokens", "max_completion_tokens": "max_new_tokens", "temperature": "temperature",
            "top_k": "top_k", "seed": "seed", "stop": "stop"}
-DEFAULT_ONLY = {"n": 1, "top_p": 1, "best_of": 1, "echo": False, "logprobs": None, "suffix": None}
+# options with no generate key: accepted only as their default (or null); the chat API's logprobs is a
+# boolean (false by default), the completions API's a count (null by default)
+DEFAULT_ONLY = {"n": 1, "top_p": 1, "best_of": 1, "echo": False, "logprobs": False, "suffix": ""}
 GENERATIVE = ("completions", "chat_completions")   # handlers a client's hang-up cancels (plugins.http)
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -61,8 +63,14 @@ def generate_options(body: dict[str, Any]) -> dict[str, Any]:
             value = [value]
         options[key] = value
     for name, default in DEFAULT_ONLY.items():
-        if body.get(name, default) not in (default, None):
-            raise HttpError(P.BAD_REQUEST, f"\"{name}\" is not supported here (only {default!r})")
+        value = body.get(name)
+        if value is not None and (value != default or isinstance(value, bool) != isinstance(default, bool)):
+            raise HttpError(P.BAD_REQUEST, f"\"{name}\" is not supported here (only "
+                                           f"{msgspec.json.encode(default).decode()} or null)")
+    if (problem := P.check_generate(options)) is not None:   # the front end's check, naming the client's key
+        sent = next((name for name, key in OPTIONS.items()
+                     if body.get(name) is not None and problem.startswith(f"generate.{key} ")), None)
+        raise HttpError(P.BAD_REQUEST, f"\"{sent}\" {problem.partition(' ')[2]}" if sent else problem)
     return options
 
 
