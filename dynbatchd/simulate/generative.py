@@ -159,33 +159,46 @@ def _pick(values: list[float], q: float) -> float:
 
 
 def trial(cfg: Any, device: GenerativeDevice, devices: int, rate_per_s: float, duration_s: float, seed: int,
-          scenario: str = "mixed") -> dict[str, Any]:
+          scenario: str = "mixed", mode: str | None = None) -> dict[str, Any]:
     """`devices` devices sharing `rate_per_s` evenly: one device simulated at rate / devices."""
     each = rate_per_s / devices
-    report = run_generative(cfg, device, scenario=scenario, rate_per_s=each,
+    report = run_generative(cfg, device, scenario=scenario, mode=mode, rate_per_s=each,
                             requests=max(1, round(each * duration_s)), seed=seed)
     return {"devices": devices, "met_fraction": round(met_fraction(report), 4),
             "goodput_tokens_per_s": round(report.goodput_tokens_per_s * devices, 1),
             "preemptions": report.preemptions, "channels": per_channel(report)}
 
 
+def decode_bound(cfg: Any, device: GenerativeDevice, rate_per_s: float, scenario: str, seed: int) -> int:
+    """Devices the offered output tokens need at the least: a device decodes at most max_batch
+    tokens a step of at least step_ms + per_seq_ms × max_batch."""
+    sample = workload(cfg, scenario, rate_per_s, 500, seed)
+    offered = rate_per_s * sum(r.max_new_tokens for r in sample) / len(sample)
+    best = 1000.0 * device.max_batch / (device.latency.step_ms + device.latency.per_seq_ms * device.max_batch)
+    return max(1, int(offered / best)) if best > 0 else 1
+
+
 def devices_needed(cfg: Any, device: GenerativeDevice, *, rate_per_s: float, target: float = 0.99,
-                   duration_s: float = 20.0, seed: int = 1, scenario: str = "mixed",
-                   max_devices: int = 4096) -> tuple[int, list[dict[str, Any]]]:
+                   duration_s: float = 20.0, seed: int = 1, scenario: str = "mixed", mode: str | None = None,
+                   max_devices: int = 4096, at_least: int | None = None) -> tuple[int, list[dict[str, Any]]]:
     """The fewest devices whose requests meet their TTFT and TPOT targets in at least `target` of
-    cases (doubling, then bisection), and every trial run; ValueError past `max_devices`."""
+    cases (doubling from `at_least`, then bisection), and every trial run; ValueError past
+    `max_devices`. `at_least`: a known lower bound (static needs no fewer than continuous), so
+    the search skips the small pools whose backlogs are the slowest to simulate; None: half of
+    `decode_bound`, which no pool below can meet."""
     tried: dict[int, dict[str, Any]] = {}
 
     def ok(n: int) -> bool:
-        tried[n] = trial(cfg, device, n, rate_per_s, duration_s, seed, scenario)
+        tried[n] = trial(cfg, device, n, rate_per_s, duration_s, seed, scenario, mode)
         return tried[n]["met_fraction"] >= target
 
-    high = 1
+    if at_least is None:
+        at_least = max(1, decode_bound(cfg, device, rate_per_s, scenario, seed) // 2)
+    low, high = at_least - 1, at_least      # low: failed, or taken to
     while not ok(high):
         if high >= max_devices:
             raise ValueError(f"{max_devices} devices do not meet the targets in {target:.2%} of requests")
-        high = min(2 * high, max_devices)
-    low = high // 2          # failed (or 0)
+        low, high = high, min(2 * high, max_devices)
     while high - low > 1:
         mid = (low + high) // 2
         if ok(mid):

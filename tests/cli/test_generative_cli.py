@@ -104,6 +104,7 @@ def test_capacity_answers_for_a_generative_channel_and_grows_with_the_rate(confi
         chosen = next(t for t in data["trials"] if t["devices"] == data["devices"])
         assert chosen["met_fraction"] >= 0.99
         assert all(t["met_fraction"] < 0.99 for t in data["trials"] if t["devices"] == data["devices"] - 1)
+        assert data["static"]["devices"] >= data["devices"] and data["continuous_saves"] >= 0
         answers.append(data["devices"])
     assert answers == sorted(answers) and answers[0] < answers[-1], answers
 
