@@ -133,7 +133,7 @@ def test_the_python_client_and_dynbatchctl_stream_from_the_daemon(served):
     from typer.testing import CliRunner
 
     from dynbatchd.cli.dynbatchctl import app
-    from dynbatchd.client import Client, Result
+    from dynbatchd.client import BadRequest, Client, Result
 
     daemon, expected = served
     with Client(daemon.endpoint, timeout=60) as client:
@@ -141,6 +141,8 @@ def test_the_python_client_and_dynbatchctl_stream_from_the_daemon(served):
     assert isinstance(items[-1], Result) and not any(isinstance(i, Result) for i in items[:-1])
     assert "".join(c.text for c in items[:-1]) == expected[PROMPTS[0]]
     assert items[-1].output["output_tokens"] == sum(c.tokens for c in items[:-1])
+    with Client(daemon.endpoint, timeout=60) as client, pytest.raises(BadRequest, match="model's context"):
+        list(client.stream("tiny", "w1", generate={"max_new_tokens": 1000}))   # the tiny model: 512 positions
     shown = CliRunner().invoke(app, ["--endpoint", daemon.endpoint, "infer", "tiny", PROMPTS[2], "--stream", "--json"])
     assert shown.exit_code == 0, shown.output
     frames = [json.loads(line) for line in shown.output.splitlines()]
