@@ -11,7 +11,8 @@ from typing import Any
 from rich.console import Console
 
 from dynbatchd.cli.tables import fit_table, show
-from dynbatchd.simulate.generative import (MODES, config_generative_device, per_channel, run_generative)
+from dynbatchd.generation.serving import NO_TARGET_MS
+from dynbatchd.simulate.generative import MODES, channel_targets, config_generative_device, per_channel, run_generative
 
 
 def generative_data(cfg: Any, path: Path | str, *, scenario: str, modes: tuple[str, ...], rate: float,
@@ -23,7 +24,11 @@ def generative_data(cfg: Any, path: Path | str, *, scenario: str, modes: tuple[s
     requests = max(1, round(each * duration))
     data: dict[str, Any] = {"simulated": True, "generative": True, "config": str(path), "scenario": scenario,
                             "devices": devices, "rate_per_s": rate, "requests_per_device": requests,
-                            "device": device.describe(), "modes": {}}
+                            "device": device.describe(), "modes": {},
+                            "targets": {name: {"priority": -t.priority,
+                                               "ttft_ms": None if t.ttft_ms >= NO_TARGET_MS else t.ttft_ms,
+                                               "tpot_ms": None if t.tpot_ms >= NO_TARGET_MS else t.tpot_ms}
+                                        for name, t in channel_targets(cfg, scenario).items()}}
     for mode in modes:
         report = run_generative(cfg, device, scenario=scenario, mode=mode, rate_per_s=each, requests=requests,
                                 seed=seed)
@@ -42,8 +47,8 @@ def show_generative(data: dict[str, Any], as_json: bool, wide: bool) -> None:
     out.print(f"[yellow]SIMULATED[/yellow] generation: {data['scenario']} workload, {data['rate_per_s']:g} req/s "
               f"over {data['devices']} simulated device(s) ({data['requests_per_device']} requests each) of model "
               f"{d['model']}: {d['step_ms']:g} ms/step + {d['per_seq_ms']:g} ms/sequence + "
-              f"{d['prefill_ms_per_token']:g} ms/prefill token; KV {d['kv_budget_tokens']} tokens ({d['kv_source']}); channels from "
-              f"{data['config']}", highlight=False)
+              f"{d['prefill_ms_per_token']:g} ms/prefill token; KV {d['kv_budget_tokens']} tokens ({d['kv_source']}); "
+              f"channels from {data['config']}", highlight=False)
     columns = [("mode", 0), ("channel", 0), ("requests", 3), ("met targets", 0), ("TTFT p50 ms", 4),
                ("TTFT p99 ms", 0), ("TPOT ms", 2)]
     rows = [[mode, name, str(c["requests"]), f"{c['met']} ({100 * c['met_fraction']:.1f}%)", f"{c['ttft_p50_ms']:.1f}",

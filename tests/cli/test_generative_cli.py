@@ -86,6 +86,8 @@ def test_the_k12_scenario_keeps_chat_within_target_and_never_overruns_the_kv(con
                   "--mode", "continuous")
     run = data["modes"]["continuous"]
     assert set(run["channels"]) == {"chat", "grading"} and run["channels"]["grading"]["requests"] > 0
+    assert data["targets"]["chat"] == {"priority": 2, "ttft_ms": 1000.0, "tpot_ms": 100.0}   # the guide's
+    assert data["targets"]["realtime"]["ttft_ms"] == 1000.0                                   # the config's
     assert run["channels"]["chat"]["met_fraction"] >= 0.95
     assert run["kv_over_budget"] == 0 and run["kv_peak_bytes"] <= run["kv_budget_bytes"]
 
