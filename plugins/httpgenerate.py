@@ -77,13 +77,16 @@ def generate_options(body: dict[str, Any]) -> dict[str, Any]:
 class EventStream:
     """A streamed completion as server-sent events: ``async for`` gives the bytes of each event
     (a chunk object per `P.Chunk`, a last one with the finish reason, usage if asked, ``[DONE]``;
-    an error that ends it early is an ``{"error": ...}`` event before ``[DONE]``). `close` before
-    the end withdraws the request (the client hung up)."""
+    an error that ends it after a chunk is an ``{"error": ...}`` event before ``[DONE]``, one
+    before any raises `HttpError`, for the door to answer with its status). `close` before
+    the end withdraws the request (the client hung up). `first`: the stream's first item, already
+    taken (the handler waits for it to choose the status)."""
 
-    def __init__(self, stream: Any, shape: dict[str, Any], chat: bool, usage: bool):
+    def __init__(self, stream: Any, shape: dict[str, Any], chat: bool, usage: bool, first: Any = None):
         self.stream, self.shape, self.chat, self.usage = stream, shape, chat, usage
         self.done = False
         self._sent = 0
+        self._first = first
 
     def __aiter__(self) -> "EventStream":
         return self
@@ -103,12 +106,16 @@ class EventStream:
     async def __anext__(self) -> bytes:
         if self.done:
             raise StopAsyncIteration
-        item = await self.stream.__anext__()
+        item, self._first = self._first, None
+        if item is None:
+            item = await self.stream.__anext__()
         if isinstance(item, P.Chunk):
             event = self._event(self._choice(item.text, None))
             self._sent += 1
             return event
         self.done = True
+        if item.code != "ok" and not self._sent:   # before the first event: the error's own status
+            raise HttpError(item.code, item.message)
         if item.code != "ok":
             error = {"code": item.code, "message": item.message, "status": STATUS.get(item.code, 500)}
             return b"data: " + msgspec.json.encode({"error": error}) + b"\n\ndata: [DONE]\n\n"
@@ -170,12 +177,18 @@ class HttpGenerate:
                  "object": ("chat.completion" if chat else "text_completion")}
         if stream:
             local = self.api.stream(request, tenant=tenant, channels=channels)
-            if local.answer.done():   # refused at once (bad request, overloaded, quota, starting): a status
-                self._refused(local.answer.result(), meta)
+            try:   # the status waits for the first token: an error before it (refused at once, too large
+                first = await local.__anext__()   # for the KV budget, deadline) is its own status, not 200
+            except BaseException:   # (cancelled: the client hung up first) withdrawn
+                local.close()
+                raise
+            if not isinstance(first, P.Chunk) and first.code != "ok":
+                self._refused(first, meta)
             if chat:
                 shape["object"] = "chat.completion.chunk"
             options = body.get("stream_options")
-            return 200, EventStream(local, shape, chat, isinstance(options, dict) and options.get("include_usage") is True)
+            include_usage = isinstance(options, dict) and options.get("include_usage") is True
+            return 200, EventStream(local, shape, chat, include_usage, first)
         future = self.api.infer(request, tenant=tenant, channels=channels)
         try:
             answer = await asyncio.shield(future)   # (cancelling this handler must not cancel the future)

@@ -10,38 +10,41 @@ from typing import Any
 import h11
 
 from .httpgenerate import EventStream
-from .httpwire import READ_SIZE, ClientGone, reason
+from .httpwire import READ_SIZE, ClientGone, HttpError, reason
 
 
 class HttpStreaming:
     settings: Any
     _in_progress: int
+    _error: Any         # HttpDoor's
+    _reply_bytes: Any   # HttpDoor's
 
     async def _stream(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       events: EventStream, headers: list) -> None:
         """Send a streamed completion's events as they come (chunked; the connection closes after it).
-        The client hanging up (its side read to the end) withdraws the request at once, so the worker
+        The head waits for the first event, so a request that ends in an error before its first
+        token (a deadline, a prompt too large for the KV budget) gets that error's status. The
+        client hanging up (its side read to the end) withdraws the request at once, so the worker
         frees its KV; each event must be taken within body_timeout_s."""
-        head = [("content-type", "text/event-stream"), ("cache-control", "no-cache"), *headers,
-                ("connection", "close")]
         self._in_progress += 1
         gone = asyncio.ensure_future(self._until_closed(reader))
         try:
-            writer.write(conn.send(h11.Response(status_code=200, headers=head, reason=reason(200))))
-            while True:
-                following = asyncio.ensure_future(events.__anext__())
-                await asyncio.wait((following, gone), return_when=asyncio.FIRST_COMPLETED)
-                if not following.done():
-                    following.cancel()
-                    raise ClientGone("mid-stream: withdrawn")
-                try:
-                    data = following.result()
-                except StopAsyncIteration:
-                    break
+            try:
+                data = await self._next_event(events, gone)
+            except HttpError as exc:
+                status, body, extra = self._error(exc, False)
+                writer.write(self._reply_bytes(conn, status, body, [*extra, *headers], close=True))
+                data = None
+            else:
+                head = [("content-type", "text/event-stream"), ("cache-control", "no-cache"), *headers,
+                        ("connection", "close")]
+                writer.write(conn.send(h11.Response(status_code=200, headers=head, reason=reason(200))))
+            while data is not None:
                 writer.write(conn.send(h11.Data(data=data)))
                 async with asyncio.timeout(self.settings.body_timeout_s):
                     await writer.drain()
-            writer.write(conn.send(h11.EndOfMessage()))
+                if (data := await self._next_event(events, gone)) is None:
+                    writer.write(conn.send(h11.EndOfMessage()))
             async with asyncio.timeout(self.settings.body_timeout_s):
                 await writer.drain()
         except ClientGone as exc:
@@ -51,6 +54,19 @@ class HttpStreaming:
             gone.cancel()
             events.close()
             self._in_progress -= 1
+
+    @staticmethod
+    async def _next_event(events: EventStream, gone: asyncio.Future) -> bytes | None:
+        """The stream's next event (None after the last), unless the client hangs up first."""
+        following = asyncio.ensure_future(events.__anext__())
+        await asyncio.wait((following, gone), return_when=asyncio.FIRST_COMPLETED)
+        if not following.done():
+            following.cancel()
+            raise ClientGone("mid-stream: withdrawn")
+        try:
+            return following.result()
+        except StopAsyncIteration:
+            return None
 
     @staticmethod
     async def _unless_gone(answering: Any, conn: h11.Connection, reader: asyncio.StreamReader) -> Any:

@@ -326,3 +326,17 @@ def test_the_completion_routes_need_an_api_key_as_embeddings_do(tmp_path):
     assert refused[0] == 401 and msgspec.json.decode(refused[2])["error"]["code"] == "unauthorized"
     envelope, request = host.requests[0]
     assert allowed[0] == 200 and envelope.tenant == "bank-a" and request.tenant == "bank-a"
+
+
+def test_a_stream_that_fails_before_its_first_token_gets_the_errors_status():
+    host = FakeHost()
+
+    async def script(door):
+        call = asyncio.ensure_future(post(door, "/v1/completions", {"model": "gen", "prompt": "x", "stream": True}))
+        await host.arrived.wait()
+        host.requests[0][0].settle(Answer(None, P.DEADLINE_EXCEEDED, "deadline passed after 0 tokens"))
+        return await call
+
+    status, headers, data = served(host, script)
+    assert status == 504 and headers["content-type"] == "application/json"
+    assert msgspec.json.decode(data)["error"]["code"] == P.DEADLINE_EXCEEDED and "x-request-id" in headers
