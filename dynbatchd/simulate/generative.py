@@ -11,7 +11,7 @@ and ``[devices] memory_gb``, else the worker's default. Every figure is SIMULATE
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,11 +115,17 @@ def generative_channels(cfg: Any) -> tuple[str, ...]:
 
 
 def workload(cfg: Any, scenario: str, rate_per_s: float, requests: int, seed: int) -> list[GenRequest]:
+    """The scenario's requests, each due at its arrival + its channel's ``deadline_ms`` as the
+    daemon's intake sets it (the worker ends a generation still running then: deadline_exceeded);
+    a K12 channel the config lacks has none."""
     if scenario == "k12":
-        return k12_workload(requests, rate_per_s=rate_per_s, seed=seed)
-    if scenario == "mixed":
-        return mixed_workload(requests, rate_per_s=rate_per_s, seed=seed, channels=generative_channels(cfg))
-    raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+        drawn = k12_workload(requests, rate_per_s=rate_per_s, seed=seed)
+    elif scenario == "mixed":
+        drawn = mixed_workload(requests, rate_per_s=rate_per_s, seed=seed, channels=generative_channels(cfg))
+    else:
+        raise ValueError(f"unknown scenario {scenario!r} (known: {', '.join(SCENARIOS)})")
+    due = {name: ch.deadline_ms for name, ch in cfg.channels.items()}
+    return [replace(r, deadline_ms=r.arrival_ms + due[r.channel]) if r.channel in due else r for r in drawn]
 
 
 def run_generative(cfg: Any, device: GenerativeDevice, *, scenario: str = "mixed", mode: str | None = None,
