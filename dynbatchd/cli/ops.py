@@ -37,10 +37,15 @@ def stream_infer(client: Client, model: str, text: str, as_json: bool, timeout: 
             timing = {"queue_us": t.queue_us, "ttft_us": t.ttft_us, "tpot_us": t.tpot_us,
                       "compute_us": t.compute_us, "total_us": t.total_us, "preemptions": t.preemptions,
                       "channel": t.channel}
+            output = item.output.tolist() if hasattr(item.output, "tolist") else item.output
             if as_json:
-                line({"id": item.id, "ok": True, "value": item.output, "timing": timing})
+                line({"id": item.id, "ok": True, "value": output, "timing": timing})
                 return
-            value = item.output if isinstance(item.output, dict) else {}
+            if not (isinstance(output, dict) and "finish_reason" in output):   # a model that does not generate
+                out.print(f"{model} output (not streamed: not a generative model): {output!r}"[:2000],
+                          highlight=False, markup=False)
+                return
+            value = output
             sys.stdout.write("\n")
             out.print(f"{value.get('finish_reason', '?')}: {value.get('output_tokens', '?')} tokens "
                       f"(prompt {value.get('prompt_tokens', '?')}), channel {t.channel}; time to first token "

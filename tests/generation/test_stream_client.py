@@ -56,6 +56,8 @@ class Scripted:
             if req.get("text") == "hold":
                 self.send(who, {"id": rid, "chunk": 0, "text": "first", "tokens": 1})
                 held[rid] = who
+            elif req.get("text") == "embed":   # a model that does not generate: one plain reply, no chunks
+                self.send(who, {"id": rid, "ok": True, "value": [0.5, 0.25]})
             elif req.get("text") == "bad":
                 self.send(who, {"id": rid, "ok": False, "error": {"code": "bad_request", "message": "too large"}})
             else:
@@ -200,3 +202,11 @@ def test_status_shows_generation_once_something_was_generated():
                               "tpot": {"chat": {"p50_ms": 1.25, "p99_ms": 3.5}}})
     assert lines == ["generation: 2 running, 812 KV tokens in use; ended 1 cancelled, 3 length",
                      "  chat: 120 tokens generated, first token p50 21.0 / p99 40.5 ms, per token p50 1.25 / p99 3.50 ms"]
+
+
+def test_infer_stream_on_a_model_that_does_not_generate_prints_its_one_reply(scripted):
+    runner = CliRunner()
+    human = runner.invoke(app, ["--endpoint", scripted.endpoint, "infer", "minilm", "embed", "--stream"])
+    assert human.exit_code == 0 and "not a generative model): [0.5, 0.25]" in human.output
+    shown = runner.invoke(app, ["--endpoint", scripted.endpoint, "infer", "minilm", "embed", "--stream", "--json"])
+    assert json.loads(shown.output)["value"] == [0.5, 0.25]
