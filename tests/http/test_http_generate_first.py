@@ -1,8 +1,8 @@
 """A streamed completion's status waits for its first token: an error before it (the worker's
 too-large prompt, a deadline, a model error) is answered with its own status and an OpenAI error
 body, as a whole request's would be, not 200 and an error event; a client that hangs up before
-the first token withdraws the request (its handler is cancelled while it waits). In process, with the fake daemon host of test_http_generate;
-every step waits on an event, never on time."""
+the first token withdraws the request (its handler is cancelled while it waits). In process, with
+the fake daemon host of test_http_generate; every step waits on an event, never on time."""
 
 from __future__ import annotations
 
