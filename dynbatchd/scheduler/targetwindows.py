@@ -133,13 +133,16 @@ class SloWindow:
     device with a large fixed cost is gathered for a few milliseconds; under
     overload batches fill by size while the device is busy.
 
-    Near saturation (arrivals at GATHER_FROM or more of what full batches
-    serve) that rule alone would keep the device flat out on small batches,
-    each paying the fixed cost a, so that any jitter makes it fall behind and
-    refuse work. There it also waits for the batch that keeps the device
-    busy only ``headroom`` of the time (option, default 0.85; 0 turns it
-    off): n = λ·a / (headroom − λ·p), or max_batch where none does
-    (`keeping_up_batch`). The deadline and max_wait bounds below still hold.
+    Near saturation the rule is work-conserving: a free device takes what
+    waits, and batches grow by themselves as the queue does. An opt-in
+    near-saturation rule (``headroom`` > 0, off by default) also waits, once
+    arrivals reach GATHER_FROM of what full batches serve, for the batch that
+    keeps the device busy only ``headroom`` of the time: n = λ·a / (headroom
+    − λ·p), or max_batch where none does (`keeping_up_batch`). It is off
+    because holding an idle device costs the capacity it means to save: on
+    the fake-clock simulator (issue 30, `tests/simulate/test_knee.py`) it lowered
+    goodput at the SLO for every device shape tried (fixed cost 2-20 ms,
+    jittered or not). The deadline and max_wait bounds below still hold.
 
     The wait is anchored at the channel's latest arrival (an expected arrival
     that does not come ends it) and never ends later than:
@@ -153,8 +156,8 @@ class SloWindow:
     """
 
     def __init__(self, *, max_wait_ms: float, margin_ms: float = 5.0, rate_horizon_ms: float = 250.0,
-                 lead_ms: float = 1.0, headroom: float | None = 0.85):
-        self.headroom = headroom    # None: latency alone decides, even near saturation
+                 lead_ms: float = 1.0, headroom: float | None = None):
+        self.headroom = headroom    # None (default): latency alone decides, even near saturation
         self.max_wait_ns = int(max_wait_ms * MS)
         self.margin_ns = int(margin_ms * MS)
         self.horizon_ns = rate_horizon_ms * MS
@@ -167,7 +170,7 @@ class SloWindow:
     def factory(cls, channel: str, settings: Any, options: dict[str, Any]) -> "SloWindow":
         o = Options(_where(channel), options, {"max_wait_ms", "margin_ms", "rate_horizon_ms", "lead_ms", "headroom"})
         cap = float(settings.window_ms)
-        headroom = o.num("headroom", 0.85, lo=0.0, hi=1.0)
+        headroom = o.num("headroom", 0.0, lo=0.0, hi=1.0)
         return cls(max_wait_ms=min(cap, o.num("max_wait_ms", cap, lo=0.0)),
                    margin_ms=o.num("margin_ms", 5.0, lo=0.0),
                    rate_horizon_ms=o.num("rate_horizon_ms", 250.0, lo=0.0, lo_open=True),
