@@ -213,9 +213,15 @@ def dynbatchd_front_doors() -> dict[str, Any]:
     and engine as a ZeroMQ request and returns its answer (``code``,
     ``message``, ``output``, ``timing``); ``api.withdraw(future)`` takes a
     request still queued back (answered ``cancelled``; a door's request of
-    many inputs is all or none); ``api.state`` and ``api.models`` answer
+    many inputs is all or none); ``api.stream(request)`` submits a request
+    for a generative model and returns a `dynbatchd.doors.LocalStream`:
+    ``async for`` yields each `dynbatchd.protocol.Chunk`, then the final
+    answer, and its ``close()`` before the end withdraws the request (the
+    worker frees its KV room); ``api.generative(model)`` says whether a model
+    generates; ``api.state`` and ``api.models`` answer
     probes and metadata. The built-in ``http`` door serves the
-    OpenAI embeddings and KServe v2 protocols (``[http] listen``).
+    OpenAI embeddings and completions (SSE) and KServe v2 protocols
+    (``[http] listen``).
     """
 
 
