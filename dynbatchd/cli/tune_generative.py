@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from dynbatchd import config as cfgmod
-from dynbatchd.simulate.generative import config_generative_device, per_channel, run_generative
+from dynbatchd.simulate.generative import config_generative_device, per_channel, run_generative, workload
 
 SEQUENCES = (8, 16, 32, 64, 128, 256)
 PREFILL = (512, 1024, 2048, 4096, 8192, 16384)
@@ -25,6 +25,10 @@ def recommend_generative(cfg: Any, channel: str, *, rate_per_s: float, duration_
         raise ValueError(f"no channel {channel!r} in the config")
     device = config_generative_device(cfg)
     requests = max(1, round(rate_per_s * duration_s))
+    offered = sorted({r.channel for r in workload(cfg, scenario, rate_per_s, requests, seed)})
+    if channel not in offered:   # every trial would score 0 for it: say so rather than pick by the others
+        raise ValueError(f"channel {channel!r} gets none of the {scenario} workload's requests (it offers them "
+                         f"to {', '.join(offered)}: the channels with ttft_ms or tpot_ms, else the default)")
     trials = []
     for seqs in SEQUENCES:
         for prefill in PREFILL:
