@@ -143,3 +143,34 @@ def azure_conv(*, compress: float = 50.0, start_s: float | None = None, span_s: 
     return Trace("azure-conv", arrivals, phases,
                  f"Azure LLM conversation trace 2023-11-16, rows {len(sel)} from {lo:.0f} s for "
                  f"{(min(hi, rows[-1][0]) - lo):.0f} s, compressed ×{compress:g}; tokens = ContextTokens")
+
+
+def long_bursts(*, seconds: float = 120.0, short_rps: float = 60.0, period_s: float = 15.0,
+                burst_s: float = 1.0, burst_rps: float = 400.0, burst_long: float = 0.5,
+                seed: int = 3) -> Trace:
+    """Bursts of long requests at low mean load: a stand-in for a code-completion trace (issue 26).
+
+    Short requests (200..2,000 tokens) arrive Poisson at `short_rps` throughout (~18% of the
+    simulated device of `benchmarks.bursty`); every `period_s` a burst of `burst_s` adds
+    `burst_rps` more, `burst_long` of them long (6,000..12,000 tokens): ~4 s of device time in
+    1 s. The mean load is ~47%, but each burst overloads the device, which is where a planner that
+    drops the largest request first serves the long ones at half of FIFO's share.
+    """
+    rng = random.Random(seed)
+    arrivals, phases = [], []
+    end = int(seconds * SECOND)
+    for at in poisson_times(rng, short_rps, 0, end):
+        arrivals.append(Arrival(at, rng.randint(200, 2000)))
+    t = 0
+    while t < end:
+        lo, hi = t + int((period_s - burst_s) * SECOND), t + int(period_s * SECOND)
+        for at in poisson_times(rng, burst_rps, lo, min(hi, end)):
+            long = rng.random() < burst_long
+            arrivals.append(Arrival(at, rng.randint(6000, 12000) if long else rng.randint(200, 2000)))
+        phases.append(("quiet", t, lo))
+        phases.append(("burst", lo, min(hi, end)))
+        t = hi
+    arrivals.sort(key=lambda a: a.at_ns)
+    return Trace("long-bursts", arrivals, phases,
+                 f"{short_rps:g} rps short for {seconds:g} s; every {period_s:g} s a {burst_s:g} s burst of "
+                 f"+{burst_rps:g} rps, {burst_long:.0%} long (6k-12k tokens)")

@@ -54,8 +54,10 @@ class Admission:
         self._arrivals_at = now_ns
         self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
         if self.cost.tokens_matter:   # once tokens are known to cost nothing, no ledger
-            _, per_item, per_token = self.cost.coefficients()
-            self.long_share.arrived(item.tokens, per_item + per_token * item.tokens)
+            base, per_item, per_token = self.cost.coefficients()
+            ledger = self.long_share
+            ledger.batch_ns, ledger.max_batch = base, self.sizer.max_batch()
+            ledger.arrived(item.tokens, per_item + per_token * item.tokens, now_ns, item.deadline_ns)
         self.window.on_arrival(now_ns, item.tokens)
         return True
 

@@ -97,7 +97,7 @@ class Scheduler:
         if idle or channel.depth < channel.sizer.max_batch() or not channel.refuses_on_cost(now_ns) \
                 or channel.long_share.is_long(item.tokens):   # (less than a batch queued: nothing to predict)
             # (A long request is never judged on the short ones a backlog serves first: its
-            # floor of device time, `LongShare`, serves it; if not in time, it expires.)
+            # share of what FIFO would have served, `LongShare`, serves it; if not in time, it expires.)
             return channel.offer(item, now_ns)
         mine = channel.settings.priority
         ahead = inflight_ns(now_ns) if inflight_ns is not None else 0

@@ -34,8 +34,7 @@ class Planning:
         if picked:
             items = lane.take(picked)
             tokens = sum(item.tokens for item in items)
-            _, per_item, per_token = self.cost.coefficients()
-            self.long_share.served([i.tokens for i in items], [per_item + per_token * i.tokens for i in items])
+            self.long_share.served([i.tokens for i in items])
         else:
             items, tokens = [], 0
             estimate = self.cost.estimate_ns
@@ -83,7 +82,8 @@ class Planning:
         """Whether planning `lane` by size can pay, by its mean queued request."""
         return self._tokens_outweigh(lane.tokens / len(lane))
 
-    PLAN_BATCHES = 8   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn)
+    PLAN_BATCHES = 16   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn;
+    # 16 batches of 32 cover the 1 s deadline of the Azure replay at x80, 8 did not: 90.20% -> 90.25%)
 
     def _planned_first(self, lane: Lane, start: int, limit: int, cap: int, long_first: bool = False,
                        budget_ns: int | None = None) -> list[Item]:
@@ -93,9 +93,9 @@ class Planning:
         end past the earliest deadline in it, drop the largest request planned so far (it costs
         the most device time, so dropping it saves the most for the others) and plan on. The
         batch to run now is the plan's first. A dropped request is not refused: it waits, and a
-        later plan may still fit it, or `expire` answers it. While long requests are owed their
-        floor of device time (`long_first`, `LongShare`), a short request is dropped before any
-        long one. Requests that cannot make it even alone are left for `expire`; a retried
+        later plan may still fit it, or `expire` answers it. While long requests are owed (fewer
+        served than FIFO would have, `long_first`, `LongShare`), the earliest long request in the
+        plan is dropped last: one at a time, so the short ones that fit beside it still run. Requests that cannot make it even alone are left for `expire`; a retried
         request is never planned (it runs alone)."""
         base, per_item, per_token = self.cost.coefficients()
         is_long = self.long_share.is_long
@@ -112,8 +112,8 @@ class Planning:
                 end = start + base * batches + per_item * count + per_token * tokens
                 if end <= kept[(batches - 1) * limit].deadline_ns:
                     break
-                drop = max(range(count), key=(lambda i: (not is_long(kept[i].tokens), kept[i].tokens)) if long_first
-                           else (lambda i: kept[i].tokens))
+                guard = next((k for k in kept if is_long(k.tokens)), None) if long_first else None
+                drop = max(range(count), key=lambda i: (kept[i] is not guard, kept[i].tokens))
                 tokens -= kept.pop(drop).tokens
         chosen: list[Item] = []
         tokens = 0

@@ -15,7 +15,6 @@ import random
 import pytest
 
 from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings
-from dynbatchd.scheduler.longshare import LongShare
 from dynbatchd.simulate import Arrival, DeviceModel, simulate
 
 DEVICE = DeviceModel(base_ms=8.0, per_item_ms=0.5, per_token_ms=0.002)
@@ -63,8 +62,9 @@ def test_the_longest_requests_get_their_floor_of_device_time(seed):
     asked = sum(work[i] for i in std if r.arrivals[i].tokens >= cut) / sum(work.values())
     done = [i for i in std if r.outcome[i] == 1]
     got = sum(work[i] for i in done if r.arrivals[i].tokens >= cut) / sum(work[i] for i in done)
-    # The ledger's own 90th percentile is a running estimate: allow a quarter of the floor for it.
-    assert got >= 0.75 * LongShare().floor * asked, (got, asked)
+    # At least 0.15 of the device-time share they ask for (the ledger owes them what FIFO would
+    # have served, which under these overloads is more than that).
+    assert got >= 0.15 * asked, (got, asked)
     assert any(r.on_time(i) for i in std if r.arrivals[i].tokens >= cut)   # they are served, not only counted
 
 

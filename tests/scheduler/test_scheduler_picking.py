@@ -40,36 +40,51 @@ def test_a_request_that_would_make_a_member_late_waits_even_when_one_batch_takes
     assert second.items == [long]
 
 
-def test_long_requests_owed_their_floor_are_dropped_from_the_plan_last():
+def test_while_long_requests_are_owed_the_earliest_long_one_leaves_the_plan_last():
     # Everything is due at 30 ms; batches take 8 ms + 0.5 ms a request + 0.002 ms a token. Unowed, the
-    # plan drops the largest requests (9,000 then 2,000 tokens) and runs the two short ones. Owed, it
-    # drops the short ones first (120, then 100), then the largest long one (9,000: with 2,000 it would
-    # end at 31 ms), and runs the long request of 2,000 tokens.
+    # plan drops the largest requests (9,000 then 2,000 tokens) and runs the two short ones. Owed, the
+    # earliest long request (9,000, queued first) is kept: the plan drops 2,000 and then 120 instead,
+    # and runs 100 with 9,000 (27.2 ms). Only one long request is guarded, so a plan owed to long
+    # requests still serves the short ones that fit beside it.
     def plan(owed: bool) -> list[int]:
         s = scheduler(max_batch=2)
         for it in [item(0, t, deadline_ms=30) for t in (100, 9000, 120, 2000)]:
             assert s.submit(it, 0)
         ledger = s.channels["c"].long_share
-        ledger.cut, ledger.asked, ledger.got = 1000.0, [1.0, 1.0], [1.0, 0.0 if owed else 1.0]
+        ledger.cut, ledger.fifo_long, ledger.done_long = 1000.0, 10.0, (1.0 if owed else 10.0)
         assert ledger.owed() == owed
         [batch] = s.poll(0, free_slots=1).batches
         return [it.tokens for it in batch.items]
     assert plan(owed=False) == [100, 120]
-    assert plan(owed=True) == [2000]
+    assert plan(owed=True) == [100, 9000]
 
 
-def _ledger_after_a_burst(burst: int) -> LongShare:
-    """2,000 requests all served (a tenth long), then `burst` more of which only the short ones run."""
+def _ledger(burst_ms: float, burst_long_served: bool) -> LongShare:
+    """1,000 requests over 10 s (a tenth long, 5,000 tokens), all served; then 200 more within
+    `burst_ms`, of which the plan serves the short ones, and the long ones if `burst_long_served`."""
     ledger = LongShare()
+    ledger.batch_ns, ledger.max_batch = 8e6, 32
     cost = {100: 0.7e6, 5000: 10.5e6}
-    for i in range(2000 + burst):
+    for i in range(1200):
+        at = int(i * 10 * MS) if i < 1000 else int((10_000 + (i - 1000) * burst_ms / 200) * MS)
         tokens = 5000 if i % 10 == 5 else 100
-        ledger.arrived(tokens, cost[tokens])
-        if i < 2000 or tokens == 100:
-            ledger.served([tokens], [cost[tokens]])
+        ledger.arrived(tokens, cost[tokens], at, at + 1000 * MS)
+        if i < 1000 or burst_long_served or tokens == 100:
+            ledger.served([tokens])
     return ledger
 
 
-def test_a_burst_does_not_owe_long_requests_device_time_they_had_seconds_before():
-    assert not _ledger_after_a_burst(3000).owed()   # with a memory of ~1,000 requests it was owed here
-    assert _ledger_after_a_burst(9000).owed()       # but a long starvation still is
+def test_long_requests_are_owed_what_fifo_would_have_served_them():
+    # 200 requests over 2 s fit the device: FIFO serves the 20 long ones, a plan that serves none of
+    # them has ~80 of FIFO's ~100 lately, under 0.9 of them: owed.
+    assert _ledger(burst_ms=2000, burst_long_served=True).owed() is False
+    assert _ledger(burst_ms=2000, burst_long_served=False).owed() is True
+
+
+def test_long_requests_are_not_owed_what_fifo_could_not_have_served_either():
+    # 200 at once (~1.2 s of device time, due in 1 s): the shadow FIFO drops what it cannot finish
+    # in time and counts a request only once it runs, so it has served few of the burst's long
+    # ones yet. The plan, which served none of them, owes nothing.
+    ledger = _ledger(burst_ms=0, burst_long_served=False)
+    assert ledger.owed() is False
+    assert ledger.done_long >= LongShare.FIFO_SHARE * ledger.fifo_long
