@@ -164,6 +164,31 @@ def test_a_deadline_ends_a_generation_midway_and_frees_its_kv(served):
         sock.close()
 
 
+def test_the_protocol_pages_streaming_client_runs_as_written(served, capsys):
+    """dynbatchd-protocol(7) EXAMPLES' streaming client (pyzmq + msgpack only), run as printed
+    there but for its model name and socket: a third-party client written from the page streams."""
+    import re
+    from pathlib import Path
+
+    import msgpack
+
+    daemon, expected = served
+    page = (Path(__file__).resolve().parents[2] / "man" / "dynbatchd-protocol.7.rst").read_text()
+    block = re.search(r"(?s)Streaming a generative model's answer.*?\.\. code-block:: python\n\n((?:(?:   [^\n]*)?\n)+)",
+                      page)[1]
+    code = "\n".join(line[3:] for line in block.splitlines())
+    code = code.replace('"model": "llm", "text": "Once upon a time"', f'"model": "tiny", "text": "{PROMPTS[1]}"')
+    code = code.replace('"max_new_tokens": 64', '"max_new_tokens": 12')   # as `expected` was made
+    assert '"model": "tiny"' in code and '"max_new_tokens": 12' in code, "the page's example changed: update this test"
+    sock = connect(daemon)
+    try:
+        exec(compile(code, "dynbatchd-protocol.7", "exec"), {"msgpack": msgpack, "sock": sock})
+    finally:
+        sock.close()
+    text, end, _ = capsys.readouterr().out.split("\n")   # the text, then the final reply's line
+    assert text == expected[PROMPTS[1]] and end.split()[0] in ("length", "stop") and int(end.split()[1]) > 0
+
+
 def test_a_stop_drains_a_running_generation_to_its_end(served):
     """Last in this module: it stops the daemon. SIGTERM mid-stream: the stream still ends ok."""
     import signal
