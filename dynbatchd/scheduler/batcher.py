@@ -161,11 +161,20 @@ class Scheduler:
             budget = self._budget_ns(channel, now_ns)
             if lane.warmup:
                 budget = self._warmup_budget_ns() if budget is None else min(budget, self._warmup_budget_ns())
+            channel.device_stretch = self._stretch(channel)
             batch = channel.form(lane, self._next_batch_id, now_ns, now_ns + device_busy_ns, budget)
             decision.batches.append(batch)
             self._count_share(channel.name, channel.cost.estimate_ns(len(batch.items), batch.tokens) or len(batch.items))
             free_slots -= 1
         return decision
+
+    def _stretch(self, channel: Channel) -> float:
+        """How much longer than its device time `channel`'s work takes: channels of higher priority
+        took that share of recent device time (at most 10)."""
+        mine = channel.settings.priority
+        total = sum(self._recent.values())
+        above = sum(t for name, t in self._recent.items() if self.channels[name].settings.priority > mine)
+        return 1.0 / max(0.1, 1.0 - above / total) if total > 0 and above > 0 else 1.0
 
     def _longest_batch_ns(self, channel: Channel, now_ns: int) -> int:
         """How long a batch of `channel` may run: a full one of its usual requests, within its budget."""

@@ -11,6 +11,8 @@ cost) and counts the long requests it would have served against those the
 plan served, both decayed over the last ~`memory` arrivals. While the plan
 served fewer than `FIFO_SHARE` of FIFO's, long requests are owed, and the
 plan keeps its earliest long request to the last (`Channel._planned_first`).
+The shadow FIFO runs on the device time the channel gets: where channels of
+higher priority took a share of it lately, its work takes that much longer.
 Owed only what FIFO would have served: under an overload in which FIFO would
 not have served them either (the Azure trace at x80) short requests are not
 held back, which a floor of device time did at a cost of ~50 requests on time.
@@ -32,6 +34,7 @@ class LongShare:
         self.fifo_free = 0       # when the shadow FIFO's device is next free
         self.batch_ns = 0.0      # a batch's fixed cost, ns (learned: set by the channel)
         self.max_batch = 32
+        self.stretch = 1.0       # the channel's device time to wall time (channels above take a share)
         self.fifo_long = 0.0     # long requests the shadow FIFO served, decayed per arrival
         self.done_long = 0.0     # long requests the plan served, decayed per arrival
 
@@ -52,13 +55,13 @@ class LongShare:
         self.done_long *= self.decay
         if now_ns is not None and deadline_ns is not None:
             self._fifo_run(now_ns)
-            self.fifo_queue.append((now_ns, deadline_ns, cost_ns, self.is_long(tokens)))
+            self.fifo_queue.append((now_ns, deadline_ns, cost_ns * self.stretch, self.is_long(tokens)))
 
     def _fifo_run(self, now_ns: int) -> None:
         """Run the shadow FIFO up to `now_ns`: whenever its device is free, drop the queued requests
         that could not finish in time even alone, take the oldest up to a full batch and shrink it
         until its oldest finishes in time (`benchmarks.heuristics.fifo_drop_hopeless`, online)."""
-        q, base = self.fifo_queue, self.batch_ns
+        q, base = self.fifo_queue, self.batch_ns * self.stretch
         while q:
             start = max(self.fifo_free, q[0][0])
             if start > now_ns:

@@ -95,8 +95,9 @@ class Planning:
         batch to run now is the plan's first. A dropped request is not refused: it waits, and a
         later plan may still fit it, or `expire` answers it. While long requests are owed (fewer
         served than FIFO would have, `long_first`, `LongShare`), the earliest long request in the
-        plan is dropped last: one at a time, so the short ones that fit beside it still run. Requests that cannot make it even alone are left for `expire`; a retried
-        request is never planned (it runs alone)."""
+        plan is dropped last: one at a time, so the short ones that fit beside it still run.
+        Requests that cannot make it even alone are left for `expire`; a retried request is never
+        planned (it runs alone)."""
         base, per_item, per_token = self.cost.coefficients()
         is_long = self.long_share.is_long
         kept: list[Item] = []

@@ -88,3 +88,38 @@ def test_long_requests_are_not_owed_what_fifo_could_not_have_served_either():
     ledger = _ledger(burst_ms=0, burst_long_served=False)
     assert ledger.owed() is False
     assert ledger.done_long >= LongShare.FIFO_SHARE * ledger.fifo_long
+
+
+def _ledger_sharing(stretch: float) -> LongShare:
+    """As `_ledger`, the burst of 200 within 500 ms, its long ones not served, while channels of
+    higher priority take all but 1/`stretch` of the device."""
+    ledger = LongShare()
+    ledger.batch_ns, ledger.max_batch = 8e6, 32
+    cost = {100: 0.7e6, 5000: 10.5e6}
+    for i in range(1200):
+        at = int(i * 10 * MS) if i < 1000 else int((10_000 + (i - 1000) * 2.5) * MS)
+        ledger.stretch = 1.0 if i < 1000 else stretch
+        tokens = 5000 if i % 10 == 5 else 100
+        ledger.arrived(tokens, cost[tokens], at, at + 1000 * MS)
+        if i < 1000 or tokens == 100:
+            ledger.served([tokens])
+    return ledger
+
+
+def test_the_shadow_fifo_runs_on_the_device_time_channels_above_leave():
+    # Alone on the device FIFO would have served the burst's 20 long requests: owed. With a realtime
+    # channel taking three quarters of the device the burst needs ~1.6 s, past its deadline: FIFO
+    # would have served few of them, so the plan owes them nothing.
+    assert _ledger_sharing(stretch=1.0).owed() is True
+    assert _ledger_sharing(stretch=4.0).owed() is False
+
+
+def test_a_channel_s_stretch_is_the_device_time_channels_above_it_took():
+    s = Scheduler(build_channels({"realtime": ChannelSettings(max_batch=8, window_ms=0, priority=2),
+                                  "standard": ChannelSettings(max_batch=8, window_ms=0, priority=1),
+                                  "bulk": ChannelSettings(max_batch=8, window_ms=0, priority=0)}))
+    assert s._stretch(s.channels["standard"]) == 1.0               # nothing dispatched yet
+    s._recent.update(realtime=3.0, standard=0.5, bulk=0.5)
+    assert s._stretch(s.channels["standard"]) == 4.0               # realtime took 3/4
+    assert s._stretch(s.channels["realtime"]) == 1.0               # nothing above it
+    assert s._stretch(s.channels["bulk"]) == 1 / (1 - 3.5 / 4)     # both above it
