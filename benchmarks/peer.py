@@ -158,11 +158,15 @@ class MosecServer:
             self.proc.wait(5)
 
 
+HEADROOM: float | None = None   # --headroom: the slo window's opt-in near-saturation rule, for an A/B
+
+
 def dynbatchd_daemon(model: str, slo_ms: float, directory: str) -> tuple[Daemon, int]:
     """The documented throughput settings (scenarios.slo_channel: `slo` window, deadline = SLO),
     max_batch 32, cpu_threads 1, with the HTTP door on a free loopback port."""
     port = free_port()
-    text = config_text(directory, {model: MODEL_SPECS[model]}, slo_channel(MAX_BATCH, slo_ms), cpu_threads=1)
+    text = config_text(directory, {model: MODEL_SPECS[model]}, slo_channel(MAX_BATCH, slo_ms, HEADROOM),
+                       cpu_threads=1)
     text += f'\n[http]\nlisten = "127.0.0.1:{port}"\n'
     d = Daemon(Path(directory) / "dynbatchd.toml", f"ipc://{directory}/req.sock", f"ipc://{directory}/ctl.sock",
                config_text=text, log=Path(directory) / "dynbatchd.log", env=ENV, name="dynbatchd (peer)")
@@ -465,6 +469,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help=f"comma-separated workloads (default all: {','.join(WORKLOADS)})")
     ap.add_argument("--duration", type=float, default=None, help="seconds per open-loop run (default 4, quick 2)")
     ap.add_argument("--quick", action="store_true", help="2 s runs, one bisection step")
+    ap.add_argument("--headroom", type=float, default=None,
+                    help="dynbatchd's slo window with its opt-in near-saturation rule (e.g. 0.85; default off)")
     ap.add_argument("--quiet-wait", type=float, default=3.0,
                     help="before each run, wait up to this many seconds for other load to stop (0: don't)")
     ap.add_argument("--no-zmq", action="store_true", help="leave out the dynbatchd-over-ZeroMQ side")
@@ -480,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown workload(s) {', '.join(unknown)}; known: {', '.join(WORKLOADS)}")
     args.duration = args.duration or (2.0 if args.quick else 4.0)
+    global HEADROOM
+    HEADROOM = args.headroom
     os.environ.update(ENV)
     from importlib.metadata import version
     env = environment()
