@@ -140,7 +140,7 @@ class SloWindow:
     keeps the device busy only ``headroom`` of the time: n = λ·a / (headroom
     − λ·p), or max_batch where none does (`keeping_up_batch`). It is off
     because holding an idle device costs the capacity it means to save: on
-    the fake-clock simulator (issue 30, `tests/simulate/test_knee.py`) it lowered
+    the fake-clock simulator (issue 30, `tests/simulate/test_knee_simulated.py`) it lowered
     goodput at the SLO for every device shape tried (fixed cost 2-20 ms,
     jittered or not). The deadline and max_wait bounds below still hold.
 
