@@ -19,6 +19,21 @@ def kv_bytes_per_token(dims: ModelDims) -> int:
     return per_request_bytes(replace(dims, seq_len=1, kind="decoder"))[0]
 
 
+def kv_budget_tokens_of(path: str, total_bytes: int, *, name: str = "", dtype: str | None = None) -> int | None:
+    """The KV budget in tokens of the decoder in directory `path` (its config.json) on a device of
+    `total_bytes`, by the planner's formula; None where there is nothing to size it from. The
+    daemon's worker (a CUDA device's memory) and the simulator (``[devices] memory_gb``) both ask here."""
+    from pathlib import Path
+
+    from dynbatchd.memory import model_dims, read_model_config
+
+    if not total_bytes or not path or not (Path(path) / "config.json").is_file():
+        return None
+    hf, model_dir = read_model_config(path)
+    dims = model_dims(hf, model_dir=model_dir, name=name, kind="decoder", dtype=dtype)
+    return kv_budget_bytes(dims, total_bytes) // kv_bytes_per_token(dims)
+
+
 def kv_budget_bytes(dims: ModelDims, total_bytes: int, *, headroom: float = 0.20,
                     reserve_bytes: int | None = None) -> int:
     """The bytes of KV a device may hold: `plan_memory`'s usable memory (after headroom, weights, reserve)."""

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from dynbatchd import protocol as P
 from dynbatchd.generation.batching import ChannelTargets, Finished, GenerationScheduler, GenRequest
-from dynbatchd.generation.kv import KVLedger
+from dynbatchd.generation.kv import KVLedger, kv_budget_tokens_of
 
 DEFAULT_KV_BUDGET_TOKENS = 32768
 # The runner options this loop reads ([models.NAME] of a causal-lm model; dynbatchd.toml(5)).
@@ -55,10 +55,33 @@ def scheduler_for(options: dict[str, Any], cost: StepCost | None = None) -> Gene
                                step_cost_ms=cost.estimate_ms if cost is not None else None)
 
 
+def kv_budget_for(runner: Any) -> int:
+    """The live KV budget in tokens: the ``kv_budget_tokens`` option, else the planner's formula
+    (`dynbatchd.generation.kv.kv_budget_tokens_of`: device memory less 20% headroom, the weights and
+    a reserve) on the CUDA device's total memory, else DEFAULT_KV_BUDGET_TOKENS (a CPU's memory is not
+    the model's to plan)."""
+    options = runner.options
+    if "kv_budget_tokens" in options:
+        return int(options["kv_budget_tokens"])
+    dtype = None if options.get("dtype", "auto") == "auto" else options["dtype"]
+    tokens = kv_budget_tokens_of(options.get("path"), device_total_bytes(getattr(runner, "device", "cpu")), dtype=dtype)
+    return tokens if tokens is not None else DEFAULT_KV_BUDGET_TOKENS
+
+
+def device_total_bytes(device: str) -> int:
+    """A CUDA device's total memory (torch), 0 for anything else."""
+    if not str(device).startswith("cuda"):
+        return 0
+    import torch
+
+    return int(torch.cuda.get_device_properties(device).total_memory)
+
+
 def loop_for(runner: Any, clock: Callable[[], float]) -> "GenerationLoop":
     """The loop for `runner`'s model, configured by its options (`LOOP_OPTIONS`)."""
     cost = StepCost() if runner.options.get("tpot_guard", False) else None
-    return GenerationLoop(runner, scheduler_for(runner.options, cost), clock, cost)
+    options = {**runner.options, "kv_budget_tokens": kv_budget_for(runner)}
+    return GenerationLoop(runner, scheduler_for(options, cost), clock, cost)
 
 
 class GenerationLoop:

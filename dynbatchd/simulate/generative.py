@@ -12,11 +12,10 @@ and ``[devices] memory_gb``, else the worker's default. Every figure is SIMULATE
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from dynbatchd.generation.batching import ChannelTargets, GenRequest
-from dynbatchd.generation.kv import kv_budget_bytes, kv_bytes_per_token
+from dynbatchd.generation.kv import kv_budget_tokens_of
 from dynbatchd.generation.serving import DEFAULT_KV_BUDGET_TOKENS, NO_TARGET_MS
 from dynbatchd.generation.simulation import (GenerationLatency, SimulationReport, k12_workload, mixed_workload,
                                              simulate_generation)
@@ -68,16 +67,11 @@ def kv_budget_tokens(cfg: Any, model: str, memory_gb: float | None = None) -> tu
     options = cfg.models[model].options
     if "kv_budget_tokens" in options:
         return int(options["kv_budget_tokens"]), "kv_budget_tokens option"
-    path = options.get("path")
     memory_gb = memory_gb or cfg.devices.memory_gb_of("cuda:0") or cfg.devices.memory_gb_of("cpu")
-    if path and memory_gb and (Path(path) / "config.json").is_file():
-        from dynbatchd.memory import model_dims, read_model_config
-        hf, model_dir = read_model_config(path)
-        dims = model_dims(hf, model_dir=model_dir, name=model, kind="decoder",
-                          dtype=None if options.get("dtype", "auto") == "auto" else options["dtype"])
-        per_token = kv_bytes_per_token(dims)
-        return kv_budget_bytes(dims, int(memory_gb * (1 << 30))) // per_token, \
-            f"planner: {memory_gb:g} GB device, {per_token} B/token"
+    dtype = None if options.get("dtype", "auto") == "auto" else options["dtype"]
+    tokens = kv_budget_tokens_of(options.get("path"), int((memory_gb or 0) * (1 << 30)), name=model, dtype=dtype)
+    if tokens is not None:
+        return tokens, f"planner: {memory_gb:g} GB device"
     return DEFAULT_KV_BUDGET_TOKENS, "the worker's default"
 
 
