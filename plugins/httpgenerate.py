@@ -77,10 +77,10 @@ def generate_options(body: dict[str, Any]) -> dict[str, Any]:
 class EventStream:
     """A streamed completion as server-sent events: ``async for`` gives the bytes of each event
     (a chunk object per `P.Chunk`, a last one with the finish reason, usage if asked, ``[DONE]``;
-    an error that ends it after a chunk is an ``{"error": ...}`` event before ``[DONE]``, one
-    before any raises `HttpError`, for the door to answer with its status). `close` before
-    the end withdraws the request (the client hung up). `first`: the stream's first item, already
-    taken (the handler waits for it to choose the status)."""
+    an error that ends it after a chunk is an ``{"error": ...}`` event before ``[DONE]``). `close`
+    before the end withdraws the request (the client hung up). `first`: the stream's first item,
+    already taken: the handler waits for it to choose the status, so an error before any chunk is
+    answered with its own status there and never reaches the stream."""
 
     def __init__(self, stream: Any, shape: dict[str, Any], chat: bool, usage: bool, first: Any = None):
         self.stream, self.shape, self.chat, self.usage = stream, shape, chat, usage
@@ -114,8 +114,6 @@ class EventStream:
             self._sent += 1
             return event
         self.done = True
-        if item.code != "ok" and not self._sent:   # before the first event: the error's own status
-            raise HttpError(item.code, item.message)
         if item.code != "ok":
             error = {"code": item.code, "message": item.message, "status": STATUS.get(item.code, 500)}
             return b"data: " + msgspec.json.encode({"error": error}) + b"\n\ndata: [DONE]\n\n"

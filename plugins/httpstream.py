@@ -10,35 +10,26 @@ from typing import Any
 import h11
 
 from .httpgenerate import EventStream
-from .httpwire import READ_SIZE, ClientGone, HttpError, reason
+from .httpwire import READ_SIZE, ClientGone, reason
 
 
 class HttpStreaming:
     settings: Any
     _in_progress: int
-    _error: Any         # HttpDoor's
-    _reply_bytes: Any   # HttpDoor's
 
     async def _stream(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       events: EventStream, headers: list) -> None:
         """Send a streamed completion's events as they come (chunked; the connection closes after it).
-        The head waits for the first event, so a request that ends in an error before its first
-        token (a deadline, a prompt too large for the KV budget) gets that error's status. The
-        client hanging up (its side read to the end) withdraws the request at once, so the worker
+        (An error before the first token never gets here: the handler answers it with its own
+        status, `HttpGenerate._generate`.) The client hanging up (its side read to the end) withdraws the request at once, so the worker
         frees its KV; each event must be taken within body_timeout_s."""
         self._in_progress += 1
         gone = asyncio.ensure_future(self._until_closed(reader))
         try:
-            try:
-                data = await self._next_event(events, gone)
-            except HttpError as exc:
-                status, body, extra = self._error(exc, False)
-                writer.write(self._reply_bytes(conn, status, body, [*extra, *headers], close=True))
-                data = None
-            else:
-                head = [("content-type", "text/event-stream"), ("cache-control", "no-cache"), *headers,
-                        ("connection", "close")]
-                writer.write(conn.send(h11.Response(status_code=200, headers=head, reason=reason(200))))
+            data = await self._next_event(events, gone)
+            head = [("content-type", "text/event-stream"), ("cache-control", "no-cache"), *headers,
+                    ("connection", "close")]
+            writer.write(conn.send(h11.Response(status_code=200, headers=head, reason=reason(200))))
             while data is not None:
                 writer.write(conn.send(h11.Data(data=data)))
                 async with asyncio.timeout(self.settings.body_timeout_s):
