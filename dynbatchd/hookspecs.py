@@ -190,6 +190,12 @@ def dynbatchd_config_tables() -> dict[str, Any]:
     ``plugins.NAME.KEY`` and the rule, as a core table's would be. The plugin reads its
     settings with `dynbatchd.plugins.Plugins.table`. A name declared by two plugins is an
     error. The built-in ``warmup`` plugin declares ``[plugins.warmup]``.
+
+    The struct may define ``check(self, config)`` for rules across keys and tables, raising
+    `dynbatchd.errors.OptionError` with the key within its table. It may set a class
+    attribute ``table_key`` to own a top-level table the core keeps free-form for it instead
+    of ``[plugins.NAME]``: only the built-in HTTP plugin's ``[http]`` (`dynbatchd_plugins.http_config`),
+    spelled as configs always had it.
     """
 
 

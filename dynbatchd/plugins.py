@@ -15,7 +15,7 @@ from typing import Any, Callable
 import pluggy
 
 from dynbatchd import hookspecs
-from dynbatchd.errors import DynbatchdError
+from dynbatchd.errors import ConfigError, DynbatchdError, OptionError
 from dynbatchd.hookspecs import RequestInfo, Violation, WarmupJob
 
 log = logging.getLogger(__name__)
@@ -157,20 +157,41 @@ class Plugins:
         return self._registry(self.pm.hook.dynbatchd_cache_policies, "cache policy")
 
     def config_tables(self) -> dict[str, type]:
-        """``{name: struct type}`` of the ``[plugins.NAME]`` tables plugins own (`dynbatchd_config_tables`)."""
+        """``{name: struct type}`` of the tables plugins own (`dynbatchd_config_tables`)."""
         return self._registry(self.pm.hook.dynbatchd_config_tables, "config table")
 
+    @staticmethod
+    def _where(config: Any, name: str, typ: type) -> tuple[str, Any]:
+        """(key, raw table) of NAME: ``[plugins.NAME]``, or the top-level table a struct claims
+        with ``table_key``: one the core keeps free-form for its plugin (today the HTTP plugin's ``[http]``)."""
+        key = getattr(typ, "table_key", "")
+        if key:
+            if not isinstance(getattr(config, key, None), dict):
+                raise PluginError(f"config table {name!r} claims [{key}], which the core keeps for no plugin")
+            return key, getattr(config, key)
+        return f"plugins.{name}", config.plugins.get(name, {})
+
     def table(self, config: Any, name: str) -> Any:
-        """``[plugins.NAME]`` of `config` as its owner's struct (its defaults where the table is absent);
+        """NAME's table of `config` as its owner's struct (its defaults where the table is absent);
         a ConfigError (file, ``plugins.NAME.KEY``, rule) where it breaks the struct's rules."""
         from dynbatchd.config import convert
 
-        return convert(config.plugins.get(name, {}), self.config_tables()[name], config.source, f"plugins.{name}")
+        typ = self.config_tables()[name]
+        key, raw = self._where(config, name, typ)
+        return convert(raw, typ, config.source, key)
 
     def check_tables(self, config: Any) -> None:
-        """Every owned ``[plugins.NAME]`` table of `config` converts (`table`), or the first ConfigError."""
-        for name in self.config_tables():
-            self.table(config, name)
+        """Every owned table of `config` converts (`table`) and passes its struct's ``check(config)``
+        (rules across tables, raising OptionError with the key within the table), or the first ConfigError."""
+        for name, typ in self.config_tables().items():
+            key, _ = self._where(config, name, typ)
+            if key != f"plugins.{name}" and name in config.plugins:
+                raise ConfigError(config.source, f"plugins.{name}", f"this table is spelled [{key}]")
+            settings = self.table(config, name)
+            try:
+                getattr(settings, "check", lambda _config: None)(config)
+            except OptionError as exc:
+                raise ConfigError.of_option(config.source, key, exc) from None
 
     def front_doors(self) -> dict[str, Any]:
         return self._registry(self.pm.hook.dynbatchd_front_doors, "front door")

@@ -2,8 +2,8 @@
 
 Structure (types, ranges, unknown keys, references) is `dynbatchd.config`'s
 job; this module adds what needs the plugins: known runners (with the options
-each declares) and policies (with their options), the ``[plugins.NAME]`` tables
-their plugins own (`dynbatchd_config_tables`), and every compliance rule. Errors
+each declares) and policies (with their options), the tables plugins own
+(`dynbatchd_config_tables`: ``[plugins.NAME]``, and the HTTP plugin's ``[http]``), and every compliance rule. Errors
 arrive typed (`dynbatchd.errors.OptionError`: key, rule) and leave as ConfigError.
 Nothing here builds a runner, so no model library (torch) is imported. With
 ``[daemon] curve`` on, the daemon's key files are read too (`check_curve`).
@@ -23,6 +23,7 @@ from dynbatchd.scheduler import build_channels
 
 def validate_config(config: Config, plugins: Plugins) -> None:
     """Raise ConfigError (file, key, rule) for the first problem found."""
+    plugins.check_tables(config)   # tables plugins own ([http], [plugins.NAME]): before the key files
     check_curve(config)
     runners = plugins.runners()
     for name, model in config.models.items():
@@ -40,7 +41,6 @@ def validate_config(config: Config, plugins: Plugins) -> None:
     if config.cache.policy not in policies:
         raise ConfigError(config.source, "cache.policy",
                           f"unknown cache policy {config.cache.policy!r} (known: {', '.join(sorted(policies))})")
-    plugins.check_tables(config)   # [plugins.NAME] tables their plugins own (dynbatchd_config_tables)
     violations = plugins.check_config(config)
     if violations:
         v = violations[0]

@@ -1,6 +1,7 @@
 """The HTTP front door: OpenAI embeddings, KServe v2 inference, probes — in the daemon's process.
 
-Configured by ``[http] listen = "127.0.0.1:8080"`` (off while empty). A small HTTP/1.1
+Configured by ``[http] listen = "127.0.0.1:8080"`` (off while empty), a table this plugin owns
+(`dynbatchd_plugins.http_config`: its shape and rules). A small HTTP/1.1
 server of its own (h11 on asyncio streams, on the daemon's event loop): a request
 becomes one `dynbatchd.protocol.Request` per input and goes through the same routing,
 compliance, cache and engine as one from the ZeroMQ socket (``LocalDoor.infer``), with
@@ -50,6 +51,7 @@ from dynbatchd.hookspecs import hookimpl
 from dynbatchd.httpkeys import KeyStore, presented_key
 from dynbatchd.logs import request_fields
 
+from .http_config import dynbatchd_config_tables, http_settings  # noqa: F401  (registers [http])
 from .httpendpoints import HttpEndpoints
 from .httpgenerate import GENERATIVE, EventStream, HttpGenerate
 from .httpstream import HttpStreaming
@@ -345,5 +347,6 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
 @hookimpl
 def dynbatchd_front_doors() -> dict[str, Any]:
     def http(config: Any, api: Any) -> HttpDoor | None:
-        return HttpDoor(config.http, api) if config.http.listen else None
+        settings = http_settings(config)
+        return HttpDoor(settings, api) if settings.listen else None
     return {"http": http}

@@ -30,7 +30,7 @@ from dynbatchd.config.reading import (check_channel_values, convert, load, parse
 from dynbatchd.config.rules import check_references, is_loopback_host
 from dynbatchd.config.schema import (DEVICE_NAME, MAX_BATCH, MAX_MS, MAX_PRIORITY, MAX_QUEUE, MAX_S,
                                      MAX_TOKENS, CacheSettings, ChannelSettings, ComplianceSettings, Config,
-                                     DaemonSettings, DeviceSettings, Frozen, GigaBytes, HttpSettings, InFlight,
+                                     DaemonSettings, DeviceSettings, Frozen, GigaBytes, InFlight,
                                      Millis, ModelSettings, NonNegative, PolicySettings, Priority, QuotaSettings,
                                      Rate, RaySettings, RoutingRule, RoutingSettings, Seconds, TenantQuota,
                                      TopUsersSettings)
@@ -40,7 +40,7 @@ __all__ = [
     "ADMINS_DIR", "CLIENTS_DIR", "CONFIG_ENV", "CONTROL_SOCKET", "DEFAULT_CONFIG_PATHS", "DEFAULT_KEYS_DIR",
     "DEVICE_NAME", "MAX_BATCH", "MAX_MS", "MAX_PRIORITY", "MAX_QUEUE", "MAX_S", "MAX_TOKENS", "SERVER_KEY_NAME",
     "SYSTEM_RUNTIME_DIR", "SYSTEM_STATE_DIR", "CacheSettings", "ChannelSettings", "ComplianceSettings", "Config",
-    "ConfigError", "DaemonSettings", "DeviceSettings", "Frozen", "GigaBytes", "HttpSettings", "InFlight",
+    "ConfigError", "DaemonSettings", "DeviceSettings", "Frozen", "GigaBytes", "InFlight",
     "KeyFileError", "Millis", "ModelSettings", "NonNegative", "PolicySettings", "Priority", "QuotaSettings",
     "Rate", "RaySettings", "RoutingRule", "RoutingSettings", "Seconds", "TenantQuota", "TopUsersSettings",
     "UnsafeDirectory", "admin_keys_dir", "check_channel_values", "check_references", "client_keys_dir",

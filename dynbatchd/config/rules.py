@@ -77,23 +77,6 @@ def check_references(cfg: Config) -> None:
                           "daemon.curve = true)")
     if not cfg.daemon.keys_dir:
         raise ConfigError(src, "daemon.keys_dir", "must name a directory")
-    if cfg.http.listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.http.listen):
-        raise ConfigError(src, "http.listen", f"{cfg.http.listen!r} is not HOST:PORT")
-    if bool(cfg.http.tls_cert) != bool(cfg.http.tls_key):
-        raise ConfigError(src, "http.tls_key" if cfg.http.tls_cert else "http.tls_cert",
-                          "tls_cert and tls_key go together: a certificate and its private key")
-    if cfg.daemon.curve and cfg.http.listen and not cfg.http.keys:
-        raise ConfigError(src, "http.keys",
-                          "daemon.curve is on and the HTTP door has no API keys: it would serve clients whose "
-                          "keys the daemon refuses; set http.keys = true (dynbatchctl http-key create NAME "
-                          "--tenant T) or leave http.listen empty")
-    if cfg.http.listen and not is_loopback_host(cfg.http.listen.rpartition(":")[0]) and not (
-            cfg.http.keys and cfg.http.tls_cert):
-        raise ConfigError(src, "http.listen",
-                          f"{cfg.http.listen!r} is not a loopback address, and the HTTP door off loopback needs "
-                          "API keys and TLS (http.keys = true, http.tls_cert and http.tls_key): else anyone who "
-                          "reaches the port is served, in clear; listen on 127.0.0.1 (behind a proxy that "
-                          "authenticates) or set them")
     if cfg.daemon.metrics_listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.daemon.metrics_listen):
         raise ConfigError(src, "daemon.metrics_listen", f"{cfg.daemon.metrics_listen!r} is not HOST:PORT")
     if cfg.devices.ray is not None:

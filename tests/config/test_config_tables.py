@@ -73,3 +73,39 @@ def test_two_plugins_cannot_own_one_table():
 
     with pytest.raises(PluginError, match="config table 'shadow' is registered by two plugins"):
         Plugins.load(extra=[ShadowPlugin(), Again()]).config_tables()
+
+
+def test_the_http_plugin_owns_the_top_level_http_table():
+    """``[http]`` keeps its spelling (existing configs load) but its shape and rules are the plugin's:
+    a misspelt key or a broken rule is found by validation, naming ``http.KEY``."""
+    from dynbatchd_plugins.http_config import HttpSettings, http_settings
+
+    plugins = Plugins.load()
+    cfg = config('[http]\nlisten = "127.0.0.1:8080"\nmax_inputs = 4\n')
+    assert cfg.http == {"listen": "127.0.0.1:8080", "max_inputs": 4}   # the core keeps it free-form
+    assert http_settings(cfg) == HttpSettings(listen="127.0.0.1:8080", max_inputs=4)
+    assert plugins.table(cfg, "http") == http_settings(cfg)
+    assert http_settings(config()).listen == ""   # absent: the defaults, the door off
+    for text, key, words in (('lisen = "127.0.0.1:8080"', "http", "lisen"),
+                             ("max_inputs = 0", "http.max_inputs", ">= 1"),
+                             ('listen = "nowhere"', "http.listen", "not HOST:PORT"),
+                             ('listen = "127.0.0.1:8080"\ntls_cert = "c.pem"', "http.tls_key", "together")):
+        with pytest.raises(ConfigError) as bad:
+            validate_config(config(f"[http]\n{text}\n"), plugins)
+        assert (bad.value.file, bad.value.key) == ("f.toml", key) and words in bad.value.rule
+    with pytest.raises(ConfigError) as elsewhere:   # one spelling, so no table is silently ignored
+        validate_config(config('[plugins.http]\nlisten = "127.0.0.1:8080"\n'), plugins)
+    assert elsewhere.value.key == "plugins.http" and "[http]" in elsewhere.value.rule
+
+
+def test_a_top_level_table_the_core_keeps_for_no_plugin_cannot_be_claimed():
+    class Claims(Frozen, kw_only=True):
+        table_key = "daemonic"   # unannotated: a class attribute, not a field
+
+    class Greedy:
+        @hookimpl
+        def dynbatchd_config_tables(self):
+            return {"greedy": Claims}
+
+    with pytest.raises(PluginError, match=r"claims \[daemonic\]"):
+        validate_config(config(), Plugins.load(extra=[Greedy()]))

@@ -48,7 +48,7 @@ def test_every_key_of_the_settings_tree_is_shown():
 
 def test_the_file_with_every_setting_switched_on_is_valid():
     cfg = cfgmod.parse(tomllib.loads(uncommented(SHIPPED.read_text())), "etc/dynbatchd.toml, all on")
-    assert cfg.http.listen and cfg.top_users.users and cfg.devices.ray is not None
+    assert cfg.http["listen"] and cfg.top_users.users and cfg.devices.ray is not None
 
 
 def test_the_checker_sees_a_missing_key():

@@ -103,7 +103,7 @@ def test_infer_drops_chunks_and_gets_the_final_answer():
 import h11  # noqa: E402
 import msgspec  # noqa: E402
 
-from dynbatchd.config.schema import HttpSettings  # noqa: E402
+from dynbatchd_plugins.http_config import HttpSettings  # noqa: E402
 from dynbatchd_plugins.http import HttpDoor  # noqa: E402
 
 

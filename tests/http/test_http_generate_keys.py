@@ -16,7 +16,7 @@ from test_http_generate import FakeHost, Quotas, final, sse
 
 from dynbatchd import httpkeys
 from dynbatchd import protocol as P
-from dynbatchd.config.schema import HttpSettings
+from dynbatchd_plugins.http_config import HttpSettings
 from dynbatchd.doors import LocalDoor
 from dynbatchd_plugins.http import HttpDoor
 

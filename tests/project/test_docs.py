@@ -29,6 +29,7 @@ import zmq
 
 from dynbatchd import config as cfgmod, hookspecs, protocol, protocol as P
 from dynbatchd.cli import dynbatchctl, dynbatchd as dynbatchd_cli
+from dynbatchd.plugins import Plugins
 
 REPO = Path(__file__).resolve().parents[2]
 MAN = REPO / "man"
@@ -364,6 +365,10 @@ def config_keys(typ=cfgmod.Config, path: str = "") -> list[tuple[str, str]]:
             walk(info.type, where)
 
     walk(msgspec.inspect.type_info(typ), path)
+    if typ is cfgmod.Config:   # and the tables plugins own: [http], [plugins.NAME] (dynbatchd_config_tables)
+        for name, owned in Plugins.load().config_tables().items():
+            key = getattr(owned, "table_key", "") or f"plugins.{name}"
+            walk(msgspec.inspect.type_info(owned), f"{key}.")
     return found
 
 

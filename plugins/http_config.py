@@ -1,0 +1,67 @@
+"""The ``[http]`` table, owned by the built-in HTTP plugin (`dynbatchd_config_tables`), not the core.
+
+Spelled ``[http]`` at the top level, as configs always have (so existing ones keep loading): the
+core keeps that one table free-form (`dynbatchd.config.schema.Config`), and this struct gives it
+its shape and rules, checked with the whole config wherever it is validated (start, reload,
+check-config, tune). Its own module so that the table is read without the door's I/O; errors
+name the key (``http.listen``) and the rule, as a core table's do.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, ClassVar
+
+from msgspec import Meta
+
+from dynbatchd.config import MAX_QUEUE, Config, Frozen, convert, is_loopback_host
+from dynbatchd.errors import OptionError
+from dynbatchd.hookspecs import hookimpl
+
+HOST_PORT = re.compile(r"^[\w.\-\[\]:]*:\d{1,5}$")
+
+
+class HttpSettings(Frozen, kw_only=True):
+    """The HTTP front door (`dynbatchd_plugins.http`): off while `listen` is empty.
+    The limits bound what one client can make the door hold: inputs, requests, connections, head, time."""
+    table_key: ClassVar[str] = "http"   # the top-level [http], not [plugins.http]
+
+    listen: str = ""
+    max_inputs: Annotated[int, Meta(ge=1, le=MAX_QUEUE)] = 2048             # per request; 413 beyond
+    max_requests: Annotated[int, Meta(ge=1, le=1_000_000)] = 256            # in progress at once; 429 beyond
+    max_connections: Annotated[int, Meta(ge=1, le=1_000_000)] = 1024        # open at once; 429 and closed beyond
+    max_headers: Annotated[int, Meta(ge=1, le=10_000)] = 100                # header lines; 431 beyond
+    max_header_bytes: Annotated[int, Meta(ge=1024, le=1 << 20)] = 16_384    # a request's head; 431 beyond
+    header_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0          # for a request's head; 408 then
+    body_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0            # for its body, or its reply's sending
+    keys: bool = False       # API keys required: hashes in KEYS_DIR/http/ (dynbatchctl keygen --http NAME)
+    tls_cert: str = ""       # PEM certificate chain: HTTPS on the same listener (with tls_key)
+    tls_key: str = ""        # PEM private key of tls_cert
+
+    def check(self, config: Config) -> None:
+        """The rules across keys and tables; OptionError(key within ``[http]``, rule)."""
+        if self.listen and not HOST_PORT.match(self.listen):
+            raise OptionError("listen", f"{self.listen!r} is not HOST:PORT")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise OptionError("tls_key" if self.tls_cert else "tls_cert",
+                              "tls_cert and tls_key go together: a certificate and its private key")
+        if config.daemon.curve and self.listen and not self.keys:
+            raise OptionError("keys", "daemon.curve is on and the HTTP door has no API keys: it would serve "
+                              "clients whose keys the daemon refuses; set http.keys = true (dynbatchctl "
+                              "http-key create NAME --tenant T) or leave http.listen empty")
+        if self.listen and not is_loopback_host(self.listen.rpartition(":")[0]) and not (
+                self.keys and self.tls_cert):
+            raise OptionError("listen", f"{self.listen!r} is not a loopback address, and the HTTP door off "
+                              "loopback needs API keys and TLS (http.keys = true, http.tls_cert and "
+                              "http.tls_key): else anyone who reaches the port is served, in clear; listen on "
+                              "127.0.0.1 (behind a proxy that authenticates) or set them")
+
+
+def http_settings(config: Any) -> HttpSettings:
+    """``[http]`` of a validated `config` as its struct (the defaults where the table is absent)."""
+    return convert(config.http, HttpSettings, config.source, HttpSettings.table_key)
+
+
+@hookimpl
+def dynbatchd_config_tables() -> dict[str, type]:
+    return {"http": HttpSettings}
