@@ -51,28 +51,36 @@ class CostModel:
 
     # -- learning -----------------------------------------------------------
     def observe(self, size: int, tokens: int, compute_ns: int, now_ns: int | None = None) -> None:
+        # This runs once a batch on the daemon's result path: the estimate, the sums and the
+        # dispute check are written out here rather than called (the same arithmetic as
+        # `estimate_ns` and `_add`, which the rare paths still use).
         n, k, t = float(size), float(tokens), float(max(1, compute_ns))
-        self._recent.append((n, k, t))
+        recent = self._recent
+        recent.append((n, k, t))
         direction = 0
         lo, hi = self._seen
         if lo[0] <= n <= hi[0] and lo[1] <= k <= hi[1]:   # (beyond what it has seen, the fit only guesses)
-            ratio = t / max(1.0, self.estimate_ns(size, tokens))
+            base, per_item, per_token = self._coef
+            ratio = t / max(1.0, int(base + per_item * n + per_token * k))
             direction = 1 if ratio > self.OUTLIER else -1 if ratio < 1 / self.OUTLIER else 0
         else:
             self._seen = ((min(lo[0], n), min(lo[1], k)), (max(hi[0], n), max(hi[1], k)))
         refit = not direction
         if refit:
             self._surprises = 0
-            self._add(n, k, t)
+            f = self.forget
+            w, sn, sk, nn, nk, kk, st, nt, kt = self._sums
+            self._sums = [w * f + 1.0, sn * f + n, sk * f + k, nn * f + n * n, nk * f + n * k, kk * f + k * k,
+                          st * f + t, nt * f + n * t, kt * f + k * t]
         elif (self._surprises > 0) == (direction > 0) and self._surprises:
             self._surprises += direction
         else:
             self._surprises = direction
-        if abs(self._surprises) >= self.REGIME:   # not an outlier: the device changed (or just warmed up)
+        if self._surprises and abs(self._surprises) >= self.REGIME:   # not an outlier: the device changed (or just warmed up)
             refit = True
             self._sums = [0.0] * 9
             self._seen = _NOTHING_SEEN
-            for n, k, t in list(self._recent)[-self.REGIME:]:
+            for n, k, t in list(recent)[-self.REGIME:]:
                 self._add(n, k, t)
                 self._seen = ((min(self._seen[0][0], n), min(self._seen[0][1], k)),
                               (max(self._seen[1][0], n), max(self._seen[1][1], k)))
@@ -83,24 +91,22 @@ class CostModel:
         if refit:   # (a batch left out changes no sum: the fit stands)
             self._coef = _nnls(self._sums)
         self.settled = self.samples >= self.SETTLED_AFTER
-        self.tokens_matter = self._coef[2] > 0 or not self.settled
-        disputed = self._overestimates_recent()
+        base, per_item, per_token = self._coef
+        self.tokens_matter = per_token > 0 or not self.settled
+        disputed = False
+        if len(recent) >= 3:   # the median ratio of fit to measured is above DISPUTE when more than half are (no sort)
+            over, limit = 0, self.DISPUTE
+            for n, k, t in recent:
+                if base + per_item * n + per_token * k > limit * t:
+                    over += 1
+            disputed = over > (len(recent) - 1) // 2
         if disputed and not self.disputed:
             self.disputes += 1
         self.disputed = disputed
 
     def _add(self, n: float, k: float, t: float) -> None:
-        f = self.forget   # (one list a batch: this runs on the daemon's result path)
+        f = self.forget
         self._sums = [a * f + v for a, v in zip(self._sums, (1.0, n, k, n * n, n * k, k * k, t, n * t, k * t))]
-
-    def _overestimates_recent(self) -> bool:
-        recent = self._recent
-        if len(recent) < 3:
-            return False
-        # The median ratio of fit to measured is above DISPUTE when more than half of them are (no sort).
-        base, per_item, per_token = self._coef
-        over = sum(base + per_item * n + per_token * k > self.DISPUTE * t for n, k, t in recent)
-        return over > (len(recent) - 1) // 2
 
     # -- reading ------------------------------------------------------------
     def coefficients(self) -> tuple[float, float, float]:
@@ -133,50 +139,30 @@ def _nnls(sums: list[float]) -> tuple[float, float, float]:
     them (the others held at 0): the full fit if it is feasible, else the feasible pair or
     single one with the least squared error (the largest c·b, as the error is Σwt² - c·b
     there). Singular equations (one batch size only; tokens proportional to size) are
-    skipped; on a tie the earlier subset wins (one batch size: its mean time as base)."""
+    skipped; on a tie the earlier subset wins (one batch size: its mean time as base).
+    The 3x3 (Cramer's rule) and 2x2 solves are written out: this runs once a batch."""
     w, n, k, nn, nk, kk, t, nt, kt = sums
     if w <= 0:
         return 0.0, 0.0, 0.0
-    a = ((w, n, k), (n, nn, nk), (k, nk, kk))
-    b = (t, nt, kt)
-    full = _solve3(a, b)
-    if full is not None and min(full) >= 0:
-        return full
+    m11, m12, m13 = nn * kk - nk * nk, k * nk - n * kk, n * nk - k * nn   # cofactors of the normal equations
+    det = w * m11 + n * m12 + k * m13
+    if det > 1e-9 * w * nn * kk:   # (else (nearly) singular)
+        m22, m23, m33 = w * kk - k * k, n * k - w * nk, w * nn - n * n
+        full = ((m11 * t + m12 * nt + m13 * kt) / det, (m12 * t + m22 * nt + m23 * kt) / det,
+                (m13 * t + m23 * nt + m33 * kt) / det)
+        if min(full) >= 0:
+            return full
     best, best_score = (0.0, 0.0, 0.0), 0.0
-    for i, j in ((0, 1), (0, 2), (1, 2)):
-        pair = _solve2(a[i][i], a[i][j], a[j][j], b[i], b[j])
-        if pair is not None and pair[0] >= 0 and pair[1] >= 0:
-            score = pair[0] * b[i] + pair[1] * b[j]
-            if score > best_score * (1 + 1e-9):
-                coef = [0.0, 0.0, 0.0]
-                coef[i], coef[j] = pair
-                best, best_score = (coef[0], coef[1], coef[2]), score
-    for i in range(3):
-        if a[i][i] > 0:
-            c = b[i] / a[i][i]
-            if c * b[i] > best_score * (1 + 1e-9):
-                coef = [0.0, 0.0, 0.0]
-                coef[i] = c
-                best, best_score = (coef[0], coef[1], coef[2]), c * b[i]
+    for pair, a11, a12, a22, b1, b2 in ((0, w, n, nn, t, nt), (1, w, k, kk, t, kt), (2, nn, nk, kk, nt, kt)):
+        det = a11 * a22 - a12 * a12
+        if det <= 1e-9 * a11 * a22:
+            continue   # (nearly) singular
+        c1, c2 = (b1 * a22 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
+        if c1 >= 0 and c2 >= 0 and (score := c1 * b1 + c2 * b2) > best_score * (1 + 1e-9):
+            best = (c1, c2, 0.0) if pair == 0 else (c1, 0.0, c2) if pair == 1 else (0.0, c1, c2)
+            best_score = score
+    for single, a, b in ((0, w, t), (1, nn, nt), (2, kk, kt)):
+        if a > 0 and (c := b / a) * b > best_score * (1 + 1e-9):
+            best = (c, 0.0, 0.0) if single == 0 else (0.0, c, 0.0) if single == 1 else (0.0, 0.0, c)
+            best_score = c * b
     return best
-
-
-def _solve2(a11: float, a12: float, a22: float, b1: float, b2: float) -> tuple[float, float] | None:
-    """The symmetric 2x2 system; None when (nearly) singular."""
-    det = a11 * a22 - a12 * a12
-    if det <= 1e-9 * a11 * a22:
-        return None
-    return (b1 * a22 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
-
-
-def _solve3(a: tuple[tuple[float, ...], ...], b: tuple[float, ...]) -> tuple[float, float, float] | None:
-    """The symmetric 3x3 system by Cramer's rule; None when (nearly) singular."""
-    (a11, a12, a13), (_, a22, a23), (_, _, a33) = a
-    m11, m12, m13 = a22 * a33 - a23 * a23, a13 * a23 - a12 * a33, a12 * a23 - a13 * a22   # cofactors
-    det = a11 * m11 + a12 * m12 + a13 * m13
-    if det <= 1e-9 * a11 * a22 * a33:
-        return None
-    m22, m23, m33 = a11 * a33 - a13 * a13, a12 * a13 - a11 * a23, a11 * a22 - a12 * a12
-    b1, b2, b3 = b
-    return ((m11 * b1 + m12 * b2 + m13 * b3) / det, (m12 * b1 + m22 * b2 + m23 * b3) / det,
-            (m13 * b1 + m23 * b2 + m33 * b3) / det)

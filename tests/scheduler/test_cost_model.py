@@ -112,3 +112,34 @@ def test_measured_cost_scales_the_recent_batches_up_to_a_bigger_one():
     assert cost.measured_ns(1, 10) == 10 * MS     # a smaller batch costs no more than a measured one
     assert cost.measured_ns(8, 40) == 20 * MS     # twice the items: at most twice the time
     assert cost.measured_ns(4, 120) == 30 * MS    # three times the tokens: at most three times
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_written_out_fit_is_the_non_negative_least_squares_optimum(seed):
+    # The fit's solves are written out (it runs once a batch on the daemon's result path); the
+    # optimality (KKT) conditions check them independently: where a coefficient is positive the
+    # error does not change along it, where it is 0 the error only grows as it rises.
+    from dynbatchd.scheduler.cost import _nnls
+
+    rng = random.Random(seed)
+    shape = rng.choice(["free", "tokens-follow-size", "no-tokens", "one-size", "negative-slope"])
+    rows = []
+    for _ in range(rng.randint(3, 60)):
+        n = 8 if shape == "one-size" else rng.randint(1, 64)
+        k = 0 if shape == "no-tokens" else 3 * n if shape == "tokens-follow-size" else rng.randint(0, 4000)
+        t = rng.uniform(0.2, 5) * MS + rng.uniform(-0.05, 1) * MS * n + rng.uniform(0, 2000) * k
+        if shape == "negative-slope":
+            t = 80 * MS - MS * n + rng.uniform(0, 5) * MS
+        rows.append((1.0, float(n), float(k), t))
+    a = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
+    b = [sum(r[i] * r[3] for r in rows) for i in range(3)]
+    sums = [a[0][0], a[0][1], a[0][2], a[1][1], a[1][2], a[2][2], b[0], b[1], b[2]]
+    coef = _nnls(sums)
+    assert min(coef) >= 0
+    for i in range(3):
+        slope = sum(a[i][j] * coef[j] for j in range(3)) - b[i]   # half the error's derivative along coef[i]
+        scale = 1e-6 * (abs(b[i]) + 1.0)
+        if coef[i] > 0:
+            assert abs(slope) <= scale, (shape, i, coef)
+        else:
+            assert slope >= -scale, (shape, i, coef)
