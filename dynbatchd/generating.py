@@ -27,6 +27,9 @@ log = logging.getLogger("dynbatchd")
 COUNTERS = {OK: "completed", P.DEADLINE_EXCEEDED: "expired", P.CANCELLED: "cancelled", P.MODEL_ERROR: "failed",
             P.SHUTTING_DOWN: "failed", P.UNAVAILABLE: "failed"}
 OVERDUE_GRACE_S = 2.0   # past a job's deadline, how long the daemon waits for its worker's end
+# The /metrics histogram's upper edges for TTFT and TPOT: powers of two microseconds, 256 us to 67 s
+# (the Histogram's own edges, so each count is exact to its bucket).
+BUCKET_EDGES_US = tuple(2 ** k for k in range(8, 27))
 CODES = {"cancelled": P.CANCELLED, "deadline_exceeded": P.DEADLINE_EXCEEDED, "bad_request": P.BAD_REQUEST,
          "too_large": P.BAD_REQUEST}
 
@@ -141,9 +144,9 @@ class Generations:
             self._finish(number, Answer(run.pending, P.SHUTTING_DOWN, "daemon is shutting down"))
 
     def snapshot(self) -> dict[str, Any]:
-        def summary(hists: dict[str, Histogram]) -> dict[str, dict[str, float]]:
+        def summary(hists: dict[str, Histogram]) -> dict[str, dict[str, Any]]:
             return {c: {"p50_ms": h.quantile(0.5) / 1000, "p99_ms": h.quantile(0.99) / 1000, "count": h.total,
-                        "sum_ms": h.sum_us / 1000} for c, h in hists.items()}
+                        "sum_ms": h.sum_us / 1000, "buckets": buckets(h)} for c, h in hists.items()}
 
         return {"running": len(self.jobs), "kv_in_use_tokens": sum(self.kv_in_use.values()),
                 "generated_tokens": dict(self.generated_tokens), "ended": dict(self.ended),
@@ -211,3 +214,10 @@ class Generations:
         self.daemon._send((answer,), run.channel)
         if self.daemon.state == "draining" and not self.jobs:
             self.daemon._schedule_pump()   # the pass that sees the drain settled
+
+
+def buckets(hist: Histogram) -> list[list[float]]:
+    """[upper edge in seconds, ends at or below it] at BUCKET_EDGES_US, cumulative (Prometheus's
+    histogram buckets; the count above the last edge is the total's)."""
+    at = dict(hist.cumulative(every=8))
+    return [[edge / 1e6, at[float(edge)]] for edge in BUCKET_EDGES_US]

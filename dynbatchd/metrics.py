@@ -316,10 +316,11 @@ def _generation(page: _Page, gen: dict[str, Any] | None) -> None:
                 [("", gen["kv_in_use_tokens"])])
     for key, name, what in (("ttft", "dynbatchd_time_to_first_token_seconds", "Acceptance to the first token"),
                             ("tpot", "dynbatchd_time_per_output_token_seconds", "Mean time per output token")):
-        page.family(name, "summary", f"{what}, of generations that ended well: quantiles since start.")
+        page.family(name, "histogram", f"{what}, of generations that ended well, since start.")
         for c, q in gen[key].items():
-            page.sample(name, _labels(channel=c, quantile="0.5"), q["p50_ms"] / 1000)
-            page.sample(name, _labels(channel=c, quantile="0.99"), q["p99_ms"] / 1000)
+            for edge_s, count in q["buckets"]:
+                page.sample(f"{name}_bucket", _labels(channel=c, le=_le(edge_s)), count)
+            page.sample(f"{name}_bucket", _labels(channel=c, le="+Inf"), q["count"])
             page.sample(f"{name}_sum", _labels(channel=c), q["sum_ms"] / 1000)
             page.sample(f"{name}_count", _labels(channel=c), q["count"])
 

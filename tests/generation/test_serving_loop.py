@@ -160,7 +160,20 @@ def test_the_metrics_page_shows_generation_once_there_is_some():
     assert 'dynbatchd_generated_tokens_total{channel="chat"} 12' in text
     assert 'dynbatchd_generations_total{reason="length"} 2' in text
     assert 'dynbatchd_time_to_first_token_seconds_count{channel="chat"} 1' in text
+    assert "# TYPE dynbatchd_time_to_first_token_seconds histogram" in text   # per channel, any window
+    assert 'dynbatchd_time_to_first_token_seconds_bucket{channel="chat",le="0.032768"} 0' in text
+    assert 'dynbatchd_time_to_first_token_seconds_bucket{channel="chat",le="0.065536"} 1' in text
+    assert 'dynbatchd_time_to_first_token_seconds_bucket{channel="chat",le="+Inf"} 1' in text
     assert "dynbatchd_kv_in_use_tokens 0" in text
+    import shutil
+    import subprocess
+
+    if promtool := shutil.which("promtool"):   # (the Debian package `prometheus`; .ci/run installs it)
+        gens.tpot["chat"] = Histogram()
+        gens.tpot["chat"].record(900)
+        check = subprocess.run([promtool, "check", "metrics"], input=page(gens.snapshot()), capture_output=True,
+                               text=True, timeout=60)
+        assert check.returncode == 0, check.stdout + check.stderr
 
 
 def test_the_tpot_guard_learns_the_step_cost_from_the_loops_own_steps():
