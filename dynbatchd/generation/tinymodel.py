@@ -14,8 +14,11 @@ WORDS = [f"w{i}" for i in range(60)] + [chr(c) for c in range(ord("a"), ord("z")
 SPECIALS = ["<unk>", "<eos>", "<pad>"]
 
 
-def build_tiny_causal_lm(path: str | Path, *, seed: int = 0, layers: int = 2, hidden: int = 64) -> Path:
-    """Write a tiny Llama model and its tokenizer to `path`; returns `path`."""
+def build_tiny_causal_lm(path: str | Path, *, seed: int = 0, layers: int = 2, hidden: int = 64,
+                         max_positions: int = 512, eos: bool = True) -> Path:
+    """Write a tiny Llama model and its tokenizer to `path`; returns `path`. `max_positions`: its
+    context (the benchmark's mixed workload needs 2,048 + 512); ``eos=False`` gives the model no
+    end token, so every answer runs to its `max_new_tokens` (a benchmark's output lengths hold)."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -28,7 +31,8 @@ def build_tiny_causal_lm(path: str | Path, *, seed: int = 0, layers: int = 2, hi
                                         pad_token="<pad>")
     config = LlamaConfig(vocab_size=len(vocab), hidden_size=hidden, intermediate_size=2 * hidden,
                          num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=512, eos_token_id=vocab["<eos>"], pad_token_id=vocab["<pad>"],
+                         max_position_embeddings=max_positions,
+                         eos_token_id=vocab["<eos>"] if eos else None, pad_token_id=vocab["<pad>"],
                          bos_token_id=None, tie_word_embeddings=False)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)

@@ -1,4 +1,5 @@
-"""The causal-lm runner on a tiny random Llama built here (no download), alone and under the scheduler."""
+"""The causal-lm runner on a tiny random Llama built here (no download), alone and under the
+worker's own loop (`GenerationLoop`, a counter clock): batched tokens equal one-at-a-time ones."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ pytest.importorskip("transformers")
 
 from dynbatchd.devices.causal_lm import CausalLMRunner  # noqa: E402
 from dynbatchd.devices.runners import OptionError, check_options  # noqa: E402
-from dynbatchd.generation.batching import ChannelTargets, GenerationScheduler  # noqa: E402
-from dynbatchd.generation.kv import KVLedger  # noqa: E402
-from dynbatchd.generation.live import Prompt, run_live  # noqa: E402
+from dynbatchd import protocol as P  # noqa: E402
+from dynbatchd.generation.batching import ChannelTargets  # noqa: E402
+from dynbatchd.generation.replay import TimedJob, replay  # noqa: E402
+from dynbatchd.generation.serving import GenerationLoop, scheduler_for  # noqa: E402
 from dynbatchd.generation.tinymodel import build_tiny_causal_lm  # noqa: E402
 
 PROMPTS = ["w1 w2 a b", "c d e f g h i j k l m n", "w5", "w7 w8 w9 w10 w11 z", "q r s t"]
@@ -99,22 +101,75 @@ def test_sampling_is_seeded(runner):
     assert any(sample(s) != sample(7) for s in (1, 2, 3))
 
 
-def test_under_the_scheduler_with_preemption_the_tokens_stay_exact(runner):
-    """A KV budget that forces a realtime request to preempt bulk ones: the bulk ones recompute
-    and still produce the tokens they produce alone."""
-    reference = {f"p{i}": alone(runner, p, 8) for i, p in enumerate(PROMPTS)}
-    per_token = 1
-    channels = {"realtime": ChannelTargets("realtime", priority=0), "bulk": ChannelTargets("bulk", priority=2)}
-    sched = GenerationScheduler(KVLedger(40 * per_token, per_token), channels)
-    prompts = [Prompt(f"p{i}", "bulk" if i < 3 else "realtime", p, 8, after_step=0 if i < 3 else 3) for i, p in enumerate(PROMPTS)]
-    ticks = itertools.count()
-    texts, ended = run_live(runner, sched, prompts, clock=lambda: float(next(ticks)))
-    assert sched.preemptions >= 1 and sched.ledger.over_budget == 0 and sched.ledger.peak_bytes <= 40
-    assert {e.id for e in ended} == set(reference)
-    for e in ended:
-        assert e.reason in ("length", "stop")
-        assert texts[e.id] == runner.tokenizer.decode(reference[e.id], skip_special_tokens=True)
+class Counter:
+    """A clock (ms) that moves one millisecond at each reading; `sleep` moves it on."""
+
+    def __init__(self):
+        self.ms = 0.0
+
+    def __call__(self):
+        self.ms += 1.0
+        return self.ms
+
+    def sleep(self, ms):
+        self.ms += max(0.0, ms)
+
+
+def ends_of(messages):
+    return {m.job: m for m in messages if isinstance(m, P.GenEnd)}
+
+
+def test_under_the_loop_with_preemption_the_tokens_stay_exact(runner):
+    """A KV budget that forces realtime jobs to preempt bulk ones: the bulk ones recompute and
+    still produce the tokens they produce alone; the ledger never passes the budget."""
+    reference = {i: alone(runner, p, 8) for i, p in enumerate(PROMPTS)}
+    loop = GenerationLoop(runner, scheduler_for({"kv_budget_tokens": 40}), Counter())
+    jobs = [P.GenerateJob(i, "tiny", p, {"max_new_tokens": 8}, "bulk" if i < 3 else "realtime", 0 if i < 3 else 2)
+            for i, p in enumerate(PROMPTS)]
+    messages = []
+    for job in jobs[:3]:
+        loop.take(job)
+    for _ in range(3):
+        messages += loop.step()
+    for job in jobs[3:]:                              # join mid-generation, of a higher class
+        loop.take(job)
+    while loop.busy:
+        messages += loop.step()
+    ends, ledger = ends_of(messages), loop.scheduler.ledger
+    assert loop.scheduler.preemptions >= 1 and ledger.over_budget == 0 and ledger.peak_bytes <= 40
+    assert set(ends) == set(reference)
+    for n, end in ends.items():
+        assert end.reason in ("length", "stop")
+        assert end.text == runner.tokenizer.decode(reference[n], skip_special_tokens=True)
+    streamed = {}
+    for m in messages:
+        for job, text, _ in (m.items if isinstance(m, P.GenTokens) else ()):
+            streamed[job] = streamed.get(job, "") + text
+    assert streamed == {n: e.text for n, e in ends.items() if e.text}
     assert not runner.sequences and runner.kv_tokens() == 0
+
+
+@pytest.mark.parametrize("mode", ["continuous", "static"])
+def test_replayed_arrivals_give_one_at_a_time_texts_and_count_ttft_from_arrival(runner, mode):
+    """Open-loop arrivals on a counter clock (the CPU benchmark's driver): every job ends once with
+    its one-at-a-time text in both modes; a job taken late has the wait in its TTFT."""
+    targets = {"standard": ChannelTargets("standard", 0, ttft_ms=1e9, tpot_ms=1e9)}
+    jobs = [TimedJob(10.0 * i, P.GenerateJob(i, "tiny", p, {"max_new_tokens": 6}, "standard"))
+            for i, p in enumerate(PROMPTS)]
+    clock = Counter()
+    report = replay(GenerationLoop(runner, scheduler_for({"mode": mode}), clock), jobs, clock, clock.sleep)
+    ends = {e.job: e for e in report.ends}
+    assert set(ends) == set(range(len(PROMPTS))) and report.mode == mode
+    for n, p in enumerate(PROMPTS):
+        assert ends[n].text == runner.tokenizer.decode(alone(runner, p, 6), skip_special_tokens=True)
+        assert report.ttft_ms(ends[n]) == ends[n].ttft_us / 1000 + report.lag_ms[n] >= ends[n].ttft_us / 1000
+    assert report.kv["kv_over_budget"] == 0 and report.kv["kv_in_use_bytes"] == 0
+    report.targets = targets
+    assert report.met_count == len(PROMPTS)
+    assert report.goodput_tokens_per_s == report.tokens_per_s > 0
+    report.targets = {"standard": ChannelTargets("standard", 0, ttft_ms=0.0, tpot_ms=1e9)}
+    assert report.met_count == 0 and report.goodput_tokens_per_s == 0
+    assert not runner.sequences
 
 
 def test_the_one_shot_run_answers_each_input_with_its_text(runner):
