@@ -34,7 +34,7 @@ class CanaryOperations:
                                    shadow: bool, *, by: str = "local", force: bool = False) -> dict[str, Any]:
         """`start` after the risk assessment, which refuses a risky candidate unless `force`."""
         validate_config(cfgmod.with_channel(self.daemon.config, channel, **changes), self.daemon.plugins)   # before any assessment
-        verdict = (await self.daemon._assess({channel: changes}))[channel]
+        verdict = (await self.daemon.operations.assess({channel: changes}))[channel]
         if not verdict.accepted and not force:
             log.warning("canary of channel %s by %s refused: risk %s (force to run it anyway)", channel, by,
                         verdict.verdict())
@@ -74,7 +74,7 @@ class CanaryOperations:
             raise KeyError(channel)
         self.daemon.engine.end_split(channel, Verdict(ROLLBACK, "stopped by the operator",
                                                split.judge.figures(self.daemon.clock())))
-        self.daemon._carry_out(self.daemon.engine.take_events())
+        self.daemon.operations.carry_out(self.daemon.engine.take_events())
         return self.report()
 
     def ended(self, split: Any) -> None:
@@ -86,9 +86,9 @@ class CanaryOperations:
         if action == "promote":
             try:
                 running = cfgmod.to_dict(self.daemon.config.channels[split.channel])
-                self.daemon._commit(split.channel, {k: running.get(k) for k in changes}, changes, source="canary",
-                             by=who["by"], why=f"canary promoted: {verdict.reason}", risk=who["risk"],
-                             forced=who["forced"])
+                self.daemon.operations.commit(split.channel, {k: running.get(k) for k in changes}, changes,
+                                              source="canary", by=who["by"], why=f"canary promoted: {verdict.reason}",
+                                              risk=who["risk"], forced=who["forced"])
             except (ConfigError, OSError) as exc:   # the config changed under the canary, or the disk: keep what runs
                 action, verdict.reason = "rollback", f"promotion refused: {exc}"
         self.canary_ends[split.channel] = {"action": action, "reason": verdict.reason, "changes": changes,

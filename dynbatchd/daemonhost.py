@@ -24,7 +24,6 @@ class DaemonHost(Protocol):
     control: Any      # dynbatchd.control.server.ControlServer | None
     front: Any        # dynbatchd.transport.FrontEnd | None
     doors: list[Any]  # started front-door plugins
+    operations: Any   # dynbatchd.operations.Operations: its metrics_page serves /metrics
 
     def on_request(self, envelope: list[bytes], request: P.Request, frames: list[bytes]) -> None: ...
-
-    def metrics_page(self) -> str: ...

@@ -36,7 +36,8 @@ async def bind(daemon: DaemonHost, ctx: zmq.Context) -> Any:
         where = settings.listen
         daemon.front = FrontEnd(ctx, settings.listen, settings.max_request_bytes, daemon.on_request, curve=curve)
         where = f"metrics {settings.metrics_listen}"
-        metrics = await serve_metrics(settings.metrics_listen, daemon.metrics_page) if settings.metrics_listen else None
+        metrics = (await serve_metrics(settings.metrics_listen, daemon.operations.metrics_page)
+                   if settings.metrics_listen else None)
         api = LocalDoor(daemon)
         for name, factory in daemon.plugins.front_doors().items():
             door = factory(daemon.config, api)

@@ -1,5 +1,10 @@
-"""What a reload changes in the set of models and channels, applied live (a mixin of
-`dynbatchd.operations.Operations`, itself the daemon's).
+"""What a reload changes in the set of models and channels, applied live.
+
+Composed, not mixed in: the daemon holds one `Membership` (``daemon.membership``), which keeps
+the models loading, unloading and held by the workers, and reads the daemon's config, engine,
+pool and plugins when called. `dynbatchd.operations.Operations` asks it what a reload adds,
+removes and needs a restart for; the daemon's scheduling pass and worker events tell it when
+a model has loaded or drained.
 
 A channel added is routable at once; one removed takes no new request and is dropped from the
 engine, status and metrics once every request it holds is answered (`Engine.retire_channel`). A
@@ -28,57 +33,63 @@ def model_specs(config: Config) -> dict[str, P.ModelSpec]:
 
 
 class Membership:
-    loading_models: set[str] = frozenset()     # added by a reload, not loaded on any worker yet
-    unloading_models: set[str] = frozenset()   # removed by a reload, still holding accepted requests
-    model_specs: dict[str, Any] = {}           # what the workers hold, by model (set at start)
-    plugins: Any                               # the daemon's Plugins: its runner classes size the devices
+    """The daemon's models as a reload changes them (see the module docstring)."""
 
-    def _models_need_restart(self, old: Config, new: Config) -> bool:
+    def __init__(self, daemon: Any, config: Config):
+        self.daemon = daemon
+        self.loading_models: set[str] = set()     # added by a reload, not loaded on any worker yet
+        self.unloading_models: set[str] = set()   # removed by a reload, still holding accepted requests
+        self.model_specs = model_specs(config)    # what the workers hold, by model
+
+    def models_need_restart(self, old: Config, new: Config) -> bool:
         """Models can change live only on a pool that loads them live (not Ray), and only by being
         added or removed: a model kept under the same name with other settings needs a restart."""
         if old.models == new.models:
             return False
-        if self.pool is not None and not hasattr(self.pool, "set_models"):
+        pool = self.daemon.pool
+        if pool is not None and not hasattr(pool, "set_models"):
             return True
         return any(cfgmod.to_dict(old.models[n]) != cfgmod.to_dict(new.models[n])
                    for n in set(old.models) & set(new.models))
 
     @staticmethod
-    def _membership(old: Config, new: Config) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    def added_removed(old: Config, new: Config) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
         """(added, removed): the channels and models `new` adds to and removes from `old`."""
         added = {k: sorted(set(getattr(new, k)) - set(getattr(old, k))) for k in ("channels", "models")}
         removed = {k: sorted(set(getattr(old, k)) - set(getattr(new, k))) for k in ("channels", "models")}
         return added, removed
 
-    def _change_models(self, old: Config, new: Config) -> None:
+    def change_models(self, old: Config, new: Config) -> None:
         """Ask the workers to load the models added (refused unknown_model until one has) and keep
-        the removed ones loaded until their accepted requests are answered (`_unload_drained_models`)."""
-        self.loading_models = (set(self.loading_models) | (set(new.models) - set(old.models))) & set(new.models)
-        self.unloading_models = (set(self.unloading_models) | (set(old.models) - set(new.models))) - set(new.models)
+        the removed ones loaded until their accepted requests are answered (`unload_drained_models`)."""
+        d = self.daemon
+        self.loading_models = (self.loading_models | (set(new.models) - set(old.models))) & set(new.models)
+        self.unloading_models = (self.unloading_models | (set(old.models) - set(new.models))) - set(new.models)
         self.model_specs = {**self.model_specs, **model_specs(new)}
-        answers = getattr(self, "tenant_answers", None)   # /metrics labels a model it knows by name
+        answers = getattr(d, "tenant_answers", None)   # /metrics labels a model it knows by name
         if answers is not None and answers.models is not None:
             answers.models |= set(new.models)
-        self.engine.set_device_limits(device_limits(new, self.devices, self.plugins.runners(), NvmlProbe()))   # per device again
-        if self.pool is not None:
-            self.pool.set_models([self.model_specs[n] for n in [*new.models, *sorted(self.unloading_models)]])
-            self._models_loaded()
+        d.engine.set_device_limits(device_limits(new, d.devices, d.plugins.runners(), NvmlProbe()))   # per device again
+        if d.pool is not None:
+            d.pool.set_models([self.model_specs[n] for n in [*new.models, *sorted(self.unloading_models)]])
+            self.models_loaded()
 
-    def _models_loaded(self) -> None:
+    def models_loaded(self) -> None:
         """The added models some worker has loaded now serve (one log line each)."""
-        loaded = {m for m in self.loading_models if self.pool is None or self.pool.loaded(m)}
+        pool = self.daemon.pool
+        loaded = {m for m in self.loading_models if pool is None or pool.loaded(m)}
         for model in sorted(loaded):
             log.info("model %s loaded: serving it", model)
         self.loading_models = self.loading_models - loaded
 
-    def _unload_drained_models(self) -> None:
+    def unload_drained_models(self) -> None:
         """Removed models with nothing of them queued or running any more leave the workers."""
-        drained = {m for m in self.unloading_models if not self.engine.holds_model(m)}
+        d = self.daemon
+        drained = {m for m in self.unloading_models if not d.engine.holds_model(m)}
         if not drained:
             return
         self.unloading_models = self.unloading_models - drained
         self.model_specs = {n: spec for n, spec in self.model_specs.items() if n not in drained}
-        if self.pool is not None:
-            self.pool.set_models([self.model_specs[n] for n in [*self.config.models, *sorted(self.unloading_models)]])
+        if d.pool is not None:
+            d.pool.set_models([self.model_specs[n] for n in [*d.config.models, *sorted(self.unloading_models)]])
         log.info("model %s unloaded: every request accepted for it was answered", ", ".join(sorted(drained)))
-

@@ -1,15 +1,17 @@
 """What operators ask of a running daemon: status, metrics, tune and reload, stop and drain; and
 the records kept for them (the compliance audit, the tuning drop-in of `dynbatchd.overrides`).
 Warmup, erasure and the top-users sketch are `dynbatchd.cache_operations`, a canary
-`dynbatchd.canary_operations`: objects the daemon holds, not more of this mixin.
+`dynbatchd.canary_operations`, the models a reload adds and removes `dynbatchd.membership`.
 
 Every change of a channel's settings (a tune, a canary, a reload) passes the one risk assessment
 of `dynbatchd.tuning.risk.assess_change`, run off the event loop, and is refused when risky
 unless forced; each tune, reload and canary verdict logs exactly one line.
 
-A mixin of `dynbatchd.service.Daemon`, kept apart from the request path: the
-control commands (`dynbatchd.control.commands`) and the metrics page call
-these; none of them touches a socket.
+Composed, not mixed in: the daemon holds one `Operations` (``daemon.operations``), as it holds
+its canaries and cache operations, kept apart from the request path; the control commands
+(`dynbatchd.control.commands`), the signals and the metrics page call it. It keeps the tuning
+state (the file's config, the drop-in) and reads the rest from the daemon when called, so a
+reload's config is the one it sees; none of it touches a socket.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from dynbatchd.config import Config, ConfigError, state_path
 from dynbatchd.daemon_batches import Pending
 from dynbatchd.observer import gpu_readings
 from dynbatchd.engine import AuditEvent, EngineEvent, Job
-from dynbatchd.membership import Membership
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
 from dynbatchd.scheduler import build_channels
@@ -50,89 +51,106 @@ def _settings_text(values: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in values.items())
 
 
-class Operations(Membership):
+class Operations:
+    """The daemon's operator commands and their records (see the module docstring)."""
+
+    def __init__(self, daemon: Any):
+        self.daemon = daemon
+        self.file_config: Config | None = None   # the config file as read, before the drop-in (`init_tuning`)
+        self.overrides = Overrides(None)         # the tuning drop-in
+
     # -- stopping -------------------------------------------------------------
     def request_stop(self) -> None:
         """First SIGTERM drains (answer what was accepted), a second one stops at once."""
-        if self.state == "draining":
+        d = self.daemon
+        if d.state == "draining":
             log.warning("second stop signal: answering the rest shutting_down and exiting")
-            self._settled.set()
-        self.state = "draining"
+            d._settled.set()
+        d.state = "draining"
         systemd.notify("STOPPING=1")
-        self._stop.set()
+        d._stop.set()
 
-    async def _drain(self) -> None:
-        engine, started = self.engine, self.clock()
+    async def drain(self) -> None:
+        d = self.daemon
+        engine, started = d.engine, d.clock()
         queued, running = engine.queued(), engine.batches_in_flight()
         log.info("draining: %d queued, %d batches in flight", queued, running)
         engine.drain()
-        self._pump()
-        timeout = self.config.daemon.drain_timeout_s
+        d._pump()
+        timeout = d.config.daemon.drain_timeout_s
         try:
-            await asyncio.wait_for(self._settled.wait(), timeout)
+            await asyncio.wait_for(d._settled.wait(), timeout)
         except asyncio.TimeoutError:
             pass
-        leftovers = engine.stop(self.clock())   # from here on a late result answers nobody twice
-        self._carry_out(engine.take_events())
-        self._send(leftovers)
-        took = (self.clock() - started) / 1e9
+        leftovers = engine.stop(d.clock())   # from here on a late result answers nobody twice
+        self.carry_out(engine.take_events())
+        d._send(leftovers)
+        took = (d.clock() - started) / 1e9
         if leftovers:
             log.warning("drain stopped after %.1f s: %d requests answered shutting_down", took, len(leftovers))
         else:
             log.info("drain finished in %.1f s: every accepted request answered", took)
 
     # -- compliance ---------------------------------------------------------------
-    def _refuse(self, envelope, request: P.Request, channel: str, tenant: str | None, rule: str,
-                reason: str) -> None:
-        self.engine.refused(channel)
-        self.audit.record(rule, "refused", channel, tenant, request.id)
-        self._reject(envelope, request, P.REFUSED, reason, channel)
+    def refuse(self, envelope, request: P.Request, channel: str, tenant: str | None, rule: str,
+               reason: str) -> None:
+        """A compliance refusal: counted, audited, answered."""
+        d = self.daemon
+        d.engine.refused(channel)
+        d.audit.record(rule, "refused", channel, tenant, request.id)
+        d._reject(envelope, request, P.REFUSED, reason, channel)
 
     def _on_isolation(self, rule: str, action: str, job: Job) -> None:
         request = job.payload.request if isinstance(job.payload, Pending) else None
-        self.audit.record(rule, action, job.channel, job.tenant, request.id if request is not None else None)
+        self.daemon.audit.record(rule, action, job.channel, job.tenant, request.id if request is not None else None)
 
-    def _carry_out(self, events: list[EngineEvent]) -> None:
+    def carry_out(self, events: list[EngineEvent]) -> None:
         """What the engine decided beside its answers (an audit record, a canary's verdict), done
         once its call has returned: never while it is part-way through a batch."""
         for event in events:
             if isinstance(event, AuditEvent):
                 self._on_isolation(event.rule, event.action, event.job)
             else:
-                self.canary.ended(event.split)
+                self.daemon.canary.ended(event.split)
 
     # -- control ------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        now = self.clock()
-        snap = self.engine.snapshot(now)
+        """The daemon, channels, models, devices, cache, compliance, canary, overrides; each tenant's
+        quotas and answers per tenant and model (the busiest by name); the generations."""
+        d = self.daemon
+        now = d.clock()
+        snap = d.engine.snapshot(now)
         gpus = gpu_readings()
-        devices = [{**d, **(self.pool.describe(i) if self.pool else {}),
-                    **({"gpu": dataclasses.asdict(gpus[d["device"]])} if d["device"] in gpus else {})}
-                   for i, d in enumerate(snap["devices"])]
-        deadlines = {name: c.settings.deadline_ms for name, c in self.engine.channels.items()}   # a twin's too
+        devices = [{**dev, **(d.pool.describe(i) if d.pool else {}),
+                    **({"gpu": dataclasses.asdict(gpus[dev["device"]])} if dev["device"] in gpus else {})}
+                   for i, dev in enumerate(snap["devices"])]
+        deadlines = {name: c.settings.deadline_ms for name, c in d.engine.channels.items()}   # a twin's too
+        front, members = d.front, d.membership
         return {
-            "daemon": {"version": __version__, "pid": os.getpid(), "state": self.state,
-                       "uptime_s": round((now - self.started_ns) / 1e9, 3), "config": self.config.source,
-                       "listen": self.config.daemon.listen,
-                       "bad_requests": self.front.bad_requests if self.front else 0,
-                       "dropped": self.front.dropped if self.front else 0,
-                       "replies_undelivered": self.front.io.undeliverable if self.front else 0,
-                       "unauthenticated": sum(p.unauthenticated for p in (self.front, self.control) if p is not None),
+            "daemon": {"version": __version__, "pid": os.getpid(), "state": d.state,
+                       "uptime_s": round((now - d.started_ns) / 1e9, 3), "config": d.config.source,
+                       "listen": d.config.daemon.listen,
+                       "bad_requests": front.bad_requests if front else 0,
+                       "dropped": front.dropped if front else 0,
+                       "replies_undelivered": front.io.undeliverable if front else 0,
+                       "unauthenticated": sum(p.unauthenticated for p in (front, d.control) if p is not None),
                        "quarantined": snap["quarantined"],
-                       "health": daemon_health(snap["channels"], deadlines, devices, self.engine.memory_used)},
+                       "health": daemon_health(snap["channels"], deadlines, devices, d.engine.memory_used)},
             "channels": snap["channels"],
-            "models": {"serving": sorted(set(self.config.models) - set(self.loading_models)),
-                       "loading": sorted(self.loading_models), "unloading": sorted(self.unloading_models)},
+            "models": {"serving": sorted(set(d.config.models) - set(members.loading_models)),
+                       "loading": sorted(members.loading_models), "unloading": sorted(members.unloading_models)},
             "devices": devices,
-            "cache": {**self.cache.snapshot(), "warmup_backlog": snap["warmup_backlog"]} if self.cache is not None else None,
-            "compliance": self.audit.snapshot(),
-            "canary": self.canary.report(),
+            "cache": {**d.cache.snapshot(), "warmup_backlog": snap["warmup_backlog"]} if d.cache is not None else None,
+            "compliance": d.audit.snapshot(),
+            "canary": d.canary.report(),
             "overrides": self.overrides.describe(),
+            "quotas": d.quotas.snapshot(), "tenants": d.tenant_answers.snapshot(),
+            "generation": d.generation.snapshot(),
         }
 
     def metrics_page(self) -> str:
         return render_metrics(self.status(), {name: c.stats.latency.lifetime
-                                              for name, c in self.engine.channels.items()})
+                                              for name, c in self.daemon.engine.channels.items()})
 
     def apply_config(self, new: Config) -> list[str]:
         """Adopt a validated config: channel settings, policies and routing change in place,
@@ -144,32 +162,33 @@ class Operations(Membership):
         Returns the sections that cannot change without a restart (daemon, devices, cache; models
         on a Ray pool); they keep running as they are and the rest is applied.
         """
-        validate_config(new, self.plugins)
-        old = self.config
-        needs_restart = self._needs_restart(new)
-        rebuilt = build_channels(new.channels, self.plugins.window_policies(), self.plugins.batch_sizers())
+        d = self.daemon
+        validate_config(new, d.plugins)
+        old = d.config
+        needs_restart = self.needs_restart(new)
+        rebuilt = build_channels(new.channels, d.plugins.window_policies(), d.plugins.batch_sizers())
         for name, settings in new.channels.items():   # a canary's twin keeps the candidate's settings
-            if name in old.channels and name not in self.engine.retiring:
-                self.engine.channels[name].retune(settings, rebuilt[name])
+            if name in old.channels and name not in d.engine.retiring:
+                d.engine.channels[name].retune(settings, rebuilt[name])
             else:
-                self.engine.add_channel(rebuilt[name])
+                d.engine.add_channel(rebuilt[name])
         for name in set(old.channels) - set(new.channels):
-            if name in self.engine.splits:
-                self.canary.stop(name)
-            self.engine.retire_channel(name)
-        self.config = msgspec.structs.replace(new, **{key: getattr(old, key) for key in needs_restart})
-        self.intake.config = self.config
+            if name in d.engine.splits:
+                d.canary.stop(name)
+            d.engine.retire_channel(name)
+        d.config = msgspec.structs.replace(new, **{key: getattr(old, key) for key in needs_restart})
+        d.intake.config = d.config
         if "models" not in needs_restart and old.models != new.models:
-            self._change_models(old, self.config)
-        self._schedule_pump()
+            d.membership.change_models(old, d.config)
+        d._schedule_pump()
         return needs_restart
 
-    def _needs_restart(self, new: Config) -> list[str]:
+    def needs_restart(self, new: Config) -> list[str]:
         """The sections `new` changes that only a restart applies (models, on a pool that cannot load live)."""
-        old = self.config
+        old = self.daemon.config
         keys = [key for key in ("daemon", "devices", "cache")
                 if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
-        return keys + (["models"] if self._models_need_restart(old, new) else [])
+        return keys + (["models"] if self.daemon.membership.models_need_restart(old, new) else [])
 
     # -- tuning that persists: the drop-in, tune, rollback, reload ------------------------
     def init_tuning(self, config: Config) -> Config:
@@ -192,7 +211,7 @@ class Operations(Membership):
             return config
         try:
             tuned = self.overrides.apply(config)
-            validate_config(tuned, self.plugins)
+            validate_config(tuned, self.daemon.plugins)
         except ConfigError as exc:
             log.error("tuning drop-in refused and ignored: %s: %s: %s", path, exc.key, exc.rule)
             self.overrides.data.channels = {}   # its trail stays; the next tune rewrites the file
@@ -202,18 +221,18 @@ class Operations(Membership):
                 f"channels.{c}.{k}" for c, keys in self.overrides.data.channels.items() for k in keys))
         return tuned
 
-    async def _assess(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    async def assess(self, changes: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """The risk assessment of each channel's `changes` (`tuning.risk.assess_change`), on what
         this daemon observed; the simulations run in a thread, so requests keep flowing."""
         from dynbatchd.tuning import risk   # the simulator only when asked
 
-        cfg, status, plugins = self.config, self.status(), self.plugins
+        cfg, status, plugins = self.daemon.config, self.status(), self.daemon.plugins
 
         def run() -> dict[str, Any]:
             return {ch: risk.assess_change(cfg, status, ch, c, plugins) for ch, c in changes.items() if c}
         return await asyncio.get_running_loop().run_in_executor(None, run)
 
-    def _commit(self, channel: str, before: dict[str, Any], after: dict[str, Any], **trail: Any) -> None:
+    def commit(self, channel: str, before: dict[str, Any], after: dict[str, Any], **trail: Any) -> None:
         """Record a change in the drop-in, write it, and run with it; nothing changes if either fails."""
         overrides = self.overrides.copy()
         overrides.record(channel, before, after, **trail)
@@ -221,7 +240,7 @@ class Operations(Membership):
 
     def _adopt(self, overrides: Overrides) -> None:
         new = overrides.apply(self.file_config)
-        validate_config(new, self.plugins)
+        validate_config(new, self.daemon.plugins)
         if overrides.path is None:
             raise OSError(f"no state directory to keep the tuning drop-in in ({self.file_config.daemon.state_dir})")
         overrides.save()
@@ -232,11 +251,12 @@ class Operations(Membership):
                    force: bool = False, dry_run: bool = False) -> dict[str, Any]:
         """Change `channel`'s settings after the risk assessment (refused when risky unless `force`)
         and keep the change in the drop-in. `dry_run`: only say what would change and the verdict."""
-        candidate = cfgmod.with_channel(self.config, channel, **changes)
-        validate_config(candidate, self.plugins)   # before any assessment
-        running, wanted = cfgmod.to_dict(self.config.channels[channel]), cfgmod.to_dict(candidate.channels[channel])
+        candidate = cfgmod.with_channel(self.daemon.config, channel, **changes)
+        validate_config(candidate, self.daemon.plugins)   # before any assessment
+        running = cfgmod.to_dict(self.daemon.config.channels[channel])
+        wanted = cfgmod.to_dict(candidate.channels[channel])
         before, changes = {k: running.get(k) for k in changes}, {k: wanted.get(k) for k in changes}
-        verdict = (await self._assess({channel: changes}))[channel]
+        verdict = (await self.assess({channel: changes}))[channel]
         plan = {"channel": channel, "before": before, "after": dict(changes), "risk": verdict.as_dict(),
                 "verdict": verdict.verdict(), "applied": False}
         if dry_run:
@@ -246,11 +266,12 @@ class Operations(Membership):
             log.warning("tune of channel %s by %s refused: risk %s (force to apply it anyway)", channel, by,
                         verdict.verdict())
             raise RiskRefused(verdict.reason, plan)
-        self._commit(channel, before, changes, by=by, why=why or "set by hand", risk=verdict.verdict(),
+        self.commit(channel, before, changes, by=by, why=why or "set by hand", risk=verdict.verdict(),
                      forced=forced, source="tune")
         log.info("tune of channel %s by %s: %s -> %s (risk %s%s)", channel, by, _settings_text(before),
                  _settings_text(changes), verdict.verdict(), "; FORCED" if forced else "")
-        return {**plan, "applied": True, "forced": forced, "settings": cfgmod.to_dict(self.config.channels[channel])}
+        return {**plan, "applied": True, "forced": forced,
+                "settings": cfgmod.to_dict(self.daemon.config.channels[channel])}
 
     def rollback(self, channel: str, *, by: str = "local") -> dict[str, Any]:
         """One step back: undo `channel`'s last change still in force (LookupError when none)."""
@@ -261,7 +282,7 @@ class Operations(Membership):
         self._adopt(overrides)
         log.info("tune of channel %s by %s: rollback to %s (%s)", channel, by, _settings_text(change.after), change.why)
         return {"channel": channel, "before": change.before, "after": change.after, "applied": True,
-                "settings": cfgmod.to_dict(self.config.channels[channel])}
+                "settings": cfgmod.to_dict(self.daemon.config.channels[channel])}
 
     async def reload(self, *, by: str = "local", force: bool = False, dry_run: bool = False,
                      config: Config | None = None) -> dict[str, Any]:
@@ -306,36 +327,36 @@ class Operations(Membership):
 
     async def _plan_reload(self, config: Config | None) -> tuple[dict[str, Any], Config, Overrides, Config]:
         if config is None:
-            if not self.config_path:
-                raise ConfigError(self.config.source, "", "daemon was started without a config file")
-            config = cfgmod.load(self.config_path)
-        validate_config(config, self.plugins)
+            if not self.daemon.config_path:
+                raise ConfigError(self.daemon.config.source, "", "daemon was started without a config file")
+            config = cfgmod.load(self.daemon.config_path)
+        validate_config(config, self.daemon.plugins)
         overrides = self.overrides.copy()
         dropped = overrides.reconcile(self.file_config, config)
         try:
             effective = overrides.apply(config)
-            validate_config(effective, self.plugins)
+            validate_config(effective, self.daemon.plugins)
         except ConfigError as exc:   # an override no longer fits the new file (e.g. a shorter deadline)
             channel = exc.key.split(".")[1] if exc.key.startswith("channels.") else None
             if channel is None:
                 raise
             dropped += overrides.drop_channel(channel)
             effective = overrides.apply(config)
-            validate_config(effective, self.plugins)
-        needs_restart = self._needs_restart(effective)
+            validate_config(effective, self.daemon.plugins)
+        needs_restart = self.needs_restart(effective)
         changes = {}
-        for name, now in self.config.channels.items():
+        for name, now in self.daemon.config.channels.items():
             if name not in effective.channels:
                 continue   # removed: listed under "removed", nothing to assess
             old, new = cfgmod.to_dict(now), cfgmod.to_dict(effective.channels[name])
             changes[name] = {k: new[k] for k in new if new[k] != old[k]}
-        verdicts = await self._assess(changes)
-        added, removed = self._membership(self.config, effective)
+        verdicts = await self.assess(changes)
+        added, removed = self.daemon.membership.added_removed(self.daemon.config, effective)
         if "models" in needs_restart:
             added["models"], removed["models"] = [], []
         plan = {"needs_restart": needs_restart, "dropped_overrides": dropped, "applied": False,
                 "added": added, "removed": removed,
-                "changes": {ch: {k: [cfgmod.to_dict(self.config.channels[ch])[k], v] for k, v in c.items()}
+                "changes": {ch: {k: [cfgmod.to_dict(self.daemon.config.channels[ch])[k], v] for k, v in c.items()}
                             for ch, c in changes.items() if c},
                 "risk": {ch: v.as_dict() for ch, v in verdicts.items()}}
         return plan, config, overrides, effective
@@ -352,7 +373,7 @@ class Operations(Membership):
             text += "; risk refused " + "; ".join(f"channel {ch}: {why}" for ch, why in refused.items())
         return text
 
-    def _reload_from_signal(self) -> None:
+    def reload_from_signal(self) -> None:
         """SIGHUP: the reload runs as a task (its risk assessment takes a moment); it logs its line."""
         async def run() -> None:
             try:

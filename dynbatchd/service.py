@@ -39,7 +39,7 @@ from dynbatchd.engine import OK, Answer, Engine, Job
 from dynbatchd.generating import Generations
 from dynbatchd.engine.intake import Intake, Refusal, RequestMeta
 from dynbatchd.memory import device_limits
-from dynbatchd.membership import model_specs
+from dynbatchd.membership import Membership
 from dynbatchd.listeners import StartupError, bind
 from dynbatchd.logs import request_fields, safe_id
 from dynbatchd.operations import Operations
@@ -57,13 +57,14 @@ ANSWER_LEVELS = {P.MODEL_ERROR: logging.WARNING, P.REFUSED: logging.INFO}
 __all__ = ["Daemon", "StartupError"]
 
 
-class Daemon(Operations):
+class Daemon:
     def __init__(self, config: Config, plugins: Plugins, *, config_path: str | None = None,
                  clock: Callable[[], int] = time.monotonic_ns):
         self.config = config
         self.config_path = config_path
         self.plugins = plugins
-        config = self.config = self.init_tuning(config)   # the config file, then the tuning drop-in
+        self.operations = Operations(self)   # status, metrics, tune, reload, stop (composed: operations.py)
+        config = self.config = self.operations.init_tuning(config)   # the config file, then the tuning drop-in
         self.clock = clock
         self.started_ns = clock()
         self.state = "starting"
@@ -79,9 +80,9 @@ class Daemon(Operations):
             config, plugins, cache_on=self.cache is not None, cache_rule=self.cache_rule,
             quota=lambda tenant, pending: self.quotas.admit(self.config.quotas, tenant, pending),
             observe_user=self.top_users.observe if self.top_users is not None else None,
-            loading=lambda model: model in self.loading_models)   # `curve` once the front end is bound
+            loading=lambda model: model in self.membership.loading_models)   # `curve` once the front end is bound
         self.devices = device_names(config.devices)
-        self.model_specs = model_specs(config)   # what the workers hold (a reload adds and removes)
+        self.membership = Membership(self, config)   # the models the workers hold (a reload adds and removes)
         channels = build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
                              feeders=config.devices.workers_per_device,
@@ -111,12 +112,13 @@ class Daemon(Operations):
         metrics = await bind(self, ctx)   # every address before any model loads: a clash fails in a second
         self.intake.curve = self.front.curve
         ipc_dir = tempfile.mkdtemp(prefix="dynbatchd-")
-        for sig, handler in ((signal.SIGTERM, self.request_stop), (signal.SIGINT, self.request_stop),
-                             (signal.SIGHUP, self._reload_from_signal)):
+        ops = self.operations
+        for sig, handler in ((signal.SIGTERM, ops.request_stop), (signal.SIGINT, ops.request_stop),
+                             (signal.SIGHUP, ops.reload_from_signal)):
             loop.add_signal_handler(sig, handler)
         self.control.io.start(loop)
         watchdog = systemd.start_watchdog(loop)   # pings from this loop: a stuck loop gets restarted
-        models = list(self.model_specs.values())
+        models = list(self.membership.model_specs.values())
         make_pool = pool_class(self.config.devices)   # local worker processes, or Ray actors
         self.pool = make_pool(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
                               ipc_dir=ipc_dir, restart_limit=self.config.devices.restart_limit,
@@ -164,7 +166,7 @@ class Daemon(Operations):
         await self._stop.wait()
         observer.cancel()
         saver.cancel()
-        await self._drain()
+        await self.operations.drain()
         self.generation.stop()   # generations the drain left unfinished: answered shutting_down
         self.cache_ops.save_top_users()
 
@@ -198,7 +200,8 @@ class Daemon(Operations):
         admitted = self.intake.admit(request_meta(request, envelope, front), Pending(envelope, request, frames))
         if isinstance(admitted, Refusal):
             if admitted.rule is not None:
-                self._refuse(envelope, request, admitted.channel, admitted.tenant, admitted.rule, admitted.message)
+                self.operations.refuse(envelope, request, admitted.channel, admitted.tenant, admitted.rule,
+                                       admitted.message)
             else:
                 self._reject(envelope, request, admitted.code, admitted.message)
             return
@@ -208,18 +211,12 @@ class Daemon(Operations):
             return
         answer = self.engine.submit(job, self.clock())
         if events := self.engine.take_events():   # an audit decision (rare), now that submit has returned
-            self._carry_out(events)
+            self.operations.carry_out(events)
         if answer is not None:
             self._send((answer,), channel)
         else:
             self._queued[(envelope[0], request.id)] = job
             self._schedule_pump()
-
-    def status(self) -> dict[str, Any]:
-        """Operations' status, each tenant's quotas (the most active tenants), and the answers per
-        tenant and model (the busiest tenants by name)."""
-        return {**super().status(), "quotas": self.quotas.snapshot(), "tenants": self.tenant_answers.snapshot(),
-                "generation": self.generation.snapshot()}
 
     def _log_answer(self, request: P.Request, code: str, message: str, channel: str | None = None) -> None:
         """One line for a request answered with an error, naming it by its id (dynbatchd.logs). Only a
@@ -309,9 +306,9 @@ class Daemon(Operations):
             if not self.pool.send(worker, frames):
                 self.engine.undelivered(dispatch.device, dispatch.batch.id)
                 self._schedule_pump()
-        self._carry_out(self.engine.take_events())   # of step() and unsendable()
-        if self.unloading_models:   # a reload removed them: unloaded once nothing of them is left
-            self._unload_drained_models()
+        self.operations.carry_out(self.engine.take_events())   # of step() and unsendable()
+        if self.membership.unloading_models:   # a reload removed them: unloaded once nothing of them is left
+            self.membership.unload_drained_models()
         if self.state == "draining" and not self.engine.busy() and not self.generation.jobs:
             self._settled.set()
         wake = self.engine.next_wakeup()
@@ -339,7 +336,7 @@ class Daemon(Operations):
             log.error("worker for %s answered batch %d badly: %s", self.devices[device], result.batch_id,
                       outcome.problem)
         self._send(self.engine.completed(device, result.batch_id, outcome, self.clock()))
-        self._carry_out(self.engine.take_events())   # a canary's verdict: applied now, after completed()
+        self.operations.carry_out(self.engine.take_events())   # a canary's verdict: applied now, after completed()
         self._schedule_pump()
 
     def _on_lost(self, worker: int) -> bool:
@@ -347,7 +344,7 @@ class Daemon(Operations):
         device, feeder = divmod(worker, self.engine.feeders)
         self.generation.lost(worker)
         loss = self.engine.lost(device, self.clock(), feeder)
-        self._carry_out(self.engine.take_events())
+        self.operations.carry_out(self.engine.take_events())
         self._send(loss.answers)
         self._schedule_pump()
         return loss.explained
@@ -355,8 +352,8 @@ class Daemon(Operations):
     def _on_ready(self, worker: int) -> None:
         device, feeder = divmod(worker, self.engine.feeders)
         self.engine.device_up(device, feeder)
-        if self.loading_models:   # a worker said Ready after a reload's new model set
-            self._models_loaded()
+        if self.membership.loading_models:   # a worker said Ready after a reload's new model set
+            self.membership.models_loaded()
         if self._give_up_timer is not None:
             self._give_up_timer.cancel()
             self._give_up_timer = None
@@ -371,7 +368,7 @@ class Daemon(Operations):
         answered unavailable, and after [devices] give_up_exit_s of that the daemon exits 1 for
         the service manager to restart it."""
         self._send(self.engine.device_gone(device, self.clock()))
-        self._carry_out(self.engine.take_events())
+        self.operations.carry_out(self.engine.take_events())
         if not self.engine.every_device_gone() or self.state not in ("serving", "unavailable"):
             return
         if self.state == "serving":
@@ -386,7 +383,7 @@ class Daemon(Operations):
                     log.error("every device has been given up for %g s ([devices] give_up_exit_s): exiting with "
                               "status 1 for the service manager to restart the daemon", limit)
                     self.exit_code = 1
-                    self.request_stop()
+                    self.operations.request_stop()
             self._give_up_timer = self.loop.call_later(limit, exit_for_a_restart)
 
 

@@ -31,7 +31,7 @@ def ping(daemon) -> dict[str, Any]:
 
 def status(daemon) -> dict[str, Any]:
     """`status` -> {"daemon": {...}, "channels": {name: {...}}, "devices": [{...}]} (see dynbatchctl(1))."""
-    return daemon.status()
+    return daemon.operations.status()
 
 
 def plugins(daemon) -> dict[str, Any]:
@@ -91,7 +91,7 @@ def tune(daemon, channel: str, by: str = "local", force: bool = False, dry_run: 
         if changes:
             raise CommandError("rollback takes no settings")
         try:
-            return daemon.rollback(channel, by=by)
+            return daemon.operations.rollback(channel, by=by)
         except LookupError:
             raise CommandError(f"no change of channel {channel!r} to roll back; nothing to restore "
                                "(it runs as the config file says)") from None
@@ -104,7 +104,8 @@ def tune(daemon, channel: str, by: str = "local", force: bool = False, dry_run: 
         cfgmod.with_channel(daemon.config, channel, **changes)   # the value's own rules, at once
     except ConfigError as exc:
         raise CommandError(f"refused: {exc.key}: {exc.rule}") from None
-    return _settled(daemon.tune(channel, changes, by=by, why=str(why), force=bool(force), dry_run=bool(dry_run)))
+    return _settled(daemon.operations.tune(channel, changes, by=by, why=str(why), force=bool(force),
+                                           dry_run=bool(dry_run)))
 
 
 CANARY_KEYS = ("max_batch", "window_ms", "window")   # what a canary may try: what the tuning loop changes
@@ -178,7 +179,7 @@ def reload(daemon, by: str | None = None, force: bool = False, dry_run: bool = F
             if not dry_run:
                 raise CommandError("config= is for dry_run=true only: a reload reads the daemon's own file")
             opts["config"] = cfgmod.parse(config, "check-config")
-        pending = daemon.reload(**opts)
+        pending = daemon.operations.reload(**opts)
     except ConfigError as exc:
         raise CommandError(f"reload refused, running configuration kept: {exc}") from None
     if not inspect.isawaitable(pending):   # a daemon whose reload does not wait
@@ -229,7 +230,7 @@ def forget(daemon, user: str, tenant: str | None = None, by: str = "local") -> d
 
 def stop(daemon) -> dict[str, Any]:
     """`stop` -> {"state": "draining"}: drain and exit (same as SIGTERM)."""
-    daemon.request_stop()
+    daemon.operations.request_stop()
     return {"state": daemon.state}
 
 

@@ -134,6 +134,7 @@ class FakeDaemon:
 
     def __init__(self, config, reload_from: Path | None = None):
         self.config, self.reload_from, self.applied = config, reload_from, []
+        self.operations = self   # the commands call daemon.operations.tune / .reload
 
     def apply_config(self, new):
         self.applied.append(new)

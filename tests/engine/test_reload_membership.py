@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dynbatchd import config as cfgmod
 from dynbatchd.engine import Job
-from dynbatchd.membership import Membership, model_specs
+from dynbatchd.membership import Membership
 from dynbatchd.plugins import Plugins
 
 from test_engine import MS, Clients, engine, ok_outcome
@@ -31,12 +31,14 @@ class FakePool:
         return model in self.has
 
 
-class Daemon(Membership):
+class Daemon:
+    """What `Membership` reads of the daemon that holds it."""
+
     def __init__(self, cfg, pool):
         self.config, self.pool, self.devices = cfg, pool, ["cpu"]
         self.plugins = Plugins.load()
-        self.model_specs = model_specs(cfg)   # as the daemon sets it at start
         self.engine = engine(inflight=1, max_batch=1)
+        self.membership = Membership(self, cfg)   # as the daemon makes it at start
 
 
 def test_an_added_model_loads_and_a_removed_one_waits_for_its_requests():
@@ -44,29 +46,29 @@ def test_an_added_model_loads_and_a_removed_one_waits_for_its_requests():
     old, new = config("a", "gone"), config("a", "b")
     d = Daemon(old, pool)
     d.engine.submit(Job("gone", "c", 1, 10_000, "g1"), 0)   # accepted before the reload
-    d.config = new
-    d._change_models(old, new)
-    assert d.loading_models == {"b"} and d.unloading_models == {"gone"}
+    d.config, m = new, d.membership
+    m.change_models(old, new)
+    assert m.loading_models == {"b"} and m.unloading_models == {"gone"}
     assert pool.asked == [["a", "b", "gone"]]   # the removed model stays loaded meanwhile
     pool.has = {"a", "b", "gone"}
-    d._models_loaded()
-    assert not d.loading_models
-    d._unload_drained_models()
-    assert d.unloading_models == {"gone"}       # g1 still queued
+    m.models_loaded()
+    assert not m.loading_models
+    m.unload_drained_models()
+    assert m.unloading_models == {"gone"}       # g1 still queued
     dispatches, _ = d.engine.step(0)
-    d._unload_drained_models()
-    assert d.unloading_models == {"gone"}       # g1 running
+    m.unload_drained_models()
+    assert m.unloading_models == {"gone"}       # g1 running
     clients.take(d.engine.completed(0, dispatches[0].batch.id, ok_outcome(dispatches[0].batch), MS))
-    d._unload_drained_models()
-    assert not d.unloading_models and pool.asked[-1] == ["a", "b"]
+    m.unload_drained_models()
+    assert not m.unloading_models and pool.asked[-1] == ["a", "b"]
     assert clients.codes() == {"g1": "ok"}
 
 
 def test_models_need_a_restart_only_on_a_pool_that_cannot_load_them_or_when_settings_change():
-    live = Daemon(config("a"), FakePool())
-    assert not live._models_need_restart(config("a"), config("a", "b"))
-    assert live._models_need_restart(config("a"), config("a", runner="simulated"))
-    ray = Daemon(config("a"), object())   # no set_models
-    assert ray._models_need_restart(config("a"), config("a", "b"))
-    assert Membership._membership(config("a", "gone"), config("a", "b")) == (
+    live = Daemon(config("a"), FakePool()).membership
+    assert not live.models_need_restart(config("a"), config("a", "b"))
+    assert live.models_need_restart(config("a"), config("a", runner="simulated"))
+    ray = Daemon(config("a"), object()).membership   # no set_models
+    assert ray.models_need_restart(config("a"), config("a", "b"))
+    assert Membership.added_removed(config("a", "gone"), config("a", "b")) == (
         {"channels": [], "models": ["b"]}, {"channels": [], "models": ["gone"]})

@@ -67,6 +67,7 @@ class FakeDaemon:
     def __init__(self):
         self.state = "serving"
         self.canary = self   # the daemon's CanaryOperations: only its report is read here
+        self.operations = self   # and its Operations: status and request_stop
 
     def status(self):
         return {"daemon": {"state": self.state}, "compliance": {"recent": [{"tenant": "hospital-b"}]}}
