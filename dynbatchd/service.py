@@ -5,9 +5,10 @@ metadata to the intake (`dynbatchd.engine.intake`: routing, tenancy, compliance,
 quota, cache key, deadline) and submits the Job it returns to the engine ->
 `_pump` sends the engine's dispatches to the workers and its answers to the
 clients -> a worker's result goes back through `engine.completed`. Every
-decision (what to batch, where to send it, what to answer) is the engine's;
-this module only carries messages. Every accepted request ends in exactly one
-reply.
+decision (what to batch, where to send it, what to answer) is the engine's,
+but for a causal-lm request, which its worker's step loop batches
+(`dynbatchd.generating`); this module only carries messages. Every accepted
+request ends in exactly one reply.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """Discrete-event simulation of dynbatchd on simulated accelerators (every figure SIMULATED).
 
 The daemon's own engine (`dynbatchd.engine`) runs against a virtual clock in
-integer nanoseconds; the sockets and the workers are replaced, and so is the
-daemon's intake (routing by `rules_router`, the default deadline; no compliance
-check), so the scheduling decisions, not yet every decision, are the daemon's:
+integer nanoseconds, and every arrival passes the daemon's own intake
+(`dynbatchd.engine.intake`: routing, tenancy, compliance, cache key, deadline
+default), so the two answer alike (tests/engine/test_intake.py); the sockets and
+the workers are replaced. What it leaves out (quotas, CURVE keys, faults, a
+reload mid-run) docs/simulator.md lists.
 
 - `devices`: the latency model shared with the live `simulated` runner;
 - `traces`: arrivals, the trace CSV reader and the guide's token mix;
