@@ -14,6 +14,8 @@ from __future__ import annotations
 import inspect
 from typing import Any, Awaitable, Callable
 
+import msgspec
+
 from dynbatchd import config as cfgmod
 from dynbatchd.config import ConfigError
 from dynbatchd.errors import DynbatchdError
@@ -47,8 +49,13 @@ def plugins(daemon) -> dict[str, Any]:
 
 
 def config(daemon) -> dict[str, Any]:
-    """`config` -> the configuration the daemon is running with (after tune/reload)."""
-    return cfgmod.to_dict(daemon.config)
+    """`config` -> the configuration the daemon is running with (after tune/reload); a top-level
+    table a plugin owns (``[http]``) with its defaults filled in, as the plugin runs it."""
+    shown = cfgmod.to_dict(daemon.config)
+    for name, owned in daemon.plugins.config_tables().items():
+        if getattr(owned, "table_key", ""):
+            shown[owned.table_key] = msgspec.to_builtins(daemon.plugins.table(daemon.config, name))
+    return shown
 
 
 TAKES_PEER = ("tune", "canary", "reload", "forget")

@@ -109,3 +109,15 @@ def test_a_top_level_table_the_core_keeps_for_no_plugin_cannot_be_claimed():
 
     with pytest.raises(PluginError, match=r"claims \[daemonic\]"):
         validate_config(config(), Plugins.load(extra=[Greedy()]))
+
+
+def test_the_config_command_shows_http_with_its_defaults_as_before():
+    """`dynbatchctl config` showed every [http] key while the table was the core's; it still does."""
+    from types import SimpleNamespace
+
+    from dynbatchd.control import commands
+
+    daemon = SimpleNamespace(config=config('[http]\nlisten = "127.0.0.1:8080"\n'), plugins=Plugins.load())
+    shown = commands.config(daemon)
+    assert shown["http"]["listen"] == "127.0.0.1:8080" and shown["http"]["max_inputs"] == 2048
+    assert shown["http"]["keys"] is False and shown["plugins"] == {}
