@@ -13,6 +13,10 @@ Split by job, each name importable from here as before:
 - `dynbatchd.config.paths`: the config file's search order, the runtime and state directories;
 - `dynbatchd.config.keys`: CURVE key files.
 
+Tables that plugins own are not here: ``[plugins.NAME]`` and the HTTP plugin's ``[http]`` are
+kept free-form and checked by their plugins (`dynbatchd.plugins.Plugins.check_tables`, at
+validation: `dynbatchd.validation.validate_config`).
+
 Errors are `dynbatchd.errors`': `ConfigError` carries `file`, `key` and `rule`.
 """
 

@@ -105,7 +105,8 @@ def check_references(cfg: Config) -> None:
 
 def is_loopback_host(host: str) -> bool:
     """True for a loopback host of HOST:PORT (``127.*``, ``[::1]``, ``localhost``); a wildcard
-    (``*``, ``0.0.0.0``, empty), an interface name or any other address is not."""
+    (``*``, ``0.0.0.0``, empty), an interface name or any other address is not. (The HTTP
+    plugin's rules for ``[http] listen`` ask it: `dynbatchd_plugins.http_config`.)"""
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if host == "localhost":
