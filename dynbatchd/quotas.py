@@ -55,6 +55,11 @@ def limits(settings: Any, tenant: str) -> tuple[float, float, int]:
     return rate, (burst or max(1.0, rate)), inflight
 
 
+def quotas_on(settings: Any) -> bool:
+    """Whether ``[quotas]`` `settings` limit anything (else a request need not be counted at all)."""
+    return bool(settings.rate or settings.inflight or settings.tenants)
+
+
 class Quotas:
     """The quotas of every tenant seen. `admit` before a request takes queue room, `release` at its answer."""
 
@@ -70,7 +75,7 @@ class Quotas:
     def configure(self, settings: Any) -> None:
         """Take ``[quotas]`` `settings` (at start and at each reload): counts and held requests carry over."""
         self.settings = settings
-        self.on = bool(settings.rate or settings.inflight or settings.tenants)
+        self.on = quotas_on(settings)
         for name, state in self._tenants.items():
             rate, burst, inflight = limits(settings, name)
             state.rate, state.burst, state.inflight_limit = rate, burst, inflight
@@ -117,6 +122,11 @@ class Quotas:
             state.inflight += 1
             self._held[id(token)] = state
         return None
+
+    @property
+    def holding(self) -> bool:
+        """Whether some request holds an in-flight place (else `release` has nothing to free)."""
+        return bool(self._held)
 
     def release(self, token: Any) -> None:
         """The request `token` stood for was answered: its tenant's in-flight place is free. Idempotent."""

@@ -45,7 +45,7 @@ from dynbatchd.listeners import StartupError, bind
 from dynbatchd.logs import request_fields, safe_id
 from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
-from dynbatchd.quotas import Quotas
+from dynbatchd.quotas import Quotas, quotas_on
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import NvmlProbe
 from dynbatchd.tenantmetrics import TenantAnswers
@@ -80,6 +80,7 @@ class Daemon:
         self.intake = Intake.from_plugins(
             config, plugins, cache_on=self.cache is not None, cache_rule=self.cache_rule,
             quota=lambda tenant, pending: self.quotas.admit(self.config.quotas, tenant, pending),
+            quota_on=lambda config: quotas_on(config.quotas),   # (no quota call a request while none is set)
             observe_user=self.top_users.observe if self.top_users is not None else None,
             loading=lambda model: model in self.membership.loading_models)   # `curve` once the front end is bound
         self.devices = device_names(config.devices)
@@ -198,7 +199,13 @@ class Daemon:
         if self.state not in ("serving", "unavailable"):
             self._reject(envelope, request, P.SHUTTING_DOWN, "daemon is shutting down")
             return
-        admitted = self.intake.admit(request_meta(request, envelope, front), Pending(envelope, request, frames))
+        # Its metadata (written out: one call less a request): the CURVE key's name only for a socket's client
+        # (a front door has no key; an HTTP door's `LocalEnvelope` carries its key's tenant).
+        meta = RequestMeta(request.model, P.estimate_tokens(request), tuple(request.tags), request.request_type,
+                           request.user_frequency, request.priority, request.tenant, getattr(envelope, "tenant", None),
+                           None if isinstance(envelope, LocalEnvelope) else front.peer, request.user, request.text,
+                           request.deadline_ms)
+        admitted = self.intake.admit(meta, Pending(envelope, request, frames))
         if isinstance(admitted, Refusal):
             if admitted.rule is not None:
                 self.operations.refuse(envelope, request, admitted.channel, admitted.tenant, admitted.rule,
@@ -211,8 +218,8 @@ class Daemon:
             self.generation.start(job, job.payload, self.clock())
             return
         answer = self.engine.submit(job, self.clock())
-        if events := self.engine.take_events():   # an audit decision (rare), now that submit has returned
-            self.operations.carry_out(events)
+        if self.engine.outbox:   # an audit decision (rare), now that submit has returned
+            self.operations.carry_out(self.engine.take_events())
         if answer is not None:
             self._send((answer,), channel)
         else:
@@ -246,7 +253,7 @@ class Daemon:
     def _send(self, answers, channel: str | None = None) -> None:
         """Each engine answer as a reply to its client (warmup inputs have none). `channel`: the
         answers' channel, for the log line of an error, when they were never queued (answered at once)."""
-        front, queued, release = self.front, self._queued, self.quotas.release
+        front, queued, release = self.front, self._queued, self.quotas.release if self.quotas.holding else None
         counted: dict[tuple[str | None, str, str], int] = {}   # the answers per tenant and model, counted once at the end
         for answer in answers:
             pending = answer.payload
@@ -254,7 +261,8 @@ class Daemon:
             if envelope is None:
                 continue
             job = queued.pop((envelope[0], request.id), None)
-            release(pending)   # its tenant's in-flight place, whatever the answer
+            if release is not None:
+                release(pending)   # its tenant's in-flight place, whatever the answer
             kind = (request.tenant, request.model, answer.code)
             counted[kind] = counted.get(kind, 0) + 1
             if answer.code != OK:
@@ -307,7 +315,8 @@ class Daemon:
             if not self.pool.send(worker, frames):
                 self.engine.undelivered(dispatch.device, dispatch.batch.id)
                 self._schedule_pump()
-        self.operations.carry_out(self.engine.take_events())   # of step() and unsendable()
+        if self.engine.outbox:   # of step() and unsendable() (rare: looked at, not taken, each pass)
+            self.operations.carry_out(self.engine.take_events())
         if self.membership.unloading_models:   # a reload removed them: unloaded once nothing of them is left
             self.membership.unload_drained_models()
         if self.state == "draining" and not self.engine.busy() and not self.generation.jobs:
@@ -337,7 +346,8 @@ class Daemon:
             log.error("worker for %s answered batch %d badly: %s", self.devices[device], result.batch_id,
                       outcome.problem)
         self._send(self.engine.completed(device, result.batch_id, outcome, self.clock()))
-        self.operations.carry_out(self.engine.take_events())   # a canary's verdict: applied now, after completed()
+        if self.engine.outbox:   # a canary's verdict: applied now, after completed()
+            self.operations.carry_out(self.engine.take_events())
         self._schedule_pump()
 
     def _on_lost(self, worker: int) -> bool:
@@ -386,12 +396,3 @@ class Daemon:
                     self.exit_code = 1
                     self.operations.request_stop()
             self._give_up_timer = self.loop.call_later(limit, exit_for_a_restart)
-
-
-def request_meta(request: P.Request, envelope: Any, front: Any) -> RequestMeta:
-    """What the intake needs of a protocol request: the CURVE key's name only for a socket's
-    client (a front door has no key; an HTTP door's `LocalEnvelope` carries its key's tenant)."""
-    return RequestMeta(request.model, P.estimate_tokens(request), tuple(request.tags), request.request_type,
-                       request.user_frequency, request.priority, request.tenant, getattr(envelope, "tenant", None),
-                       None if isinstance(envelope, LocalEnvelope) else front.peer, request.user, request.text,
-                       request.deadline_ms)

@@ -38,25 +38,27 @@ class TenantAnswers:
 
     def count(self, tenant: str | None, model: str, code: str, n: int = 1) -> None:
         """`n` answers of `code` to requests of `tenant` for `model`."""
-        name = NONE if tenant is None else tenant
-        if self.models is not None and model not in self.models:
-            model = UNKNOWN
-        seen = self._requests.get(name)
-        if seen is None:
-            if len(self._requests) >= CANDIDATES * self.top:
-                self._prune()   # (a new dict)
-            seen = self._floor
-        self._requests[name] = seen = seen + n
-        counters = self.named.get(name)
-        if counters is None and (len(self.named) < self.top or seen > self._bar):
-            counters = self._promote(name, seen)
-        (counters if counters is not None else self.other)[(model, code)] += n
+        self.count_all({(tenant, model, code): n})
 
     def count_all(self, answers: Mapping[tuple[str | None, str, str], int]) -> None:
         """Many answers at once ((tenant, model, code) -> how many): a batch's replies are counted
-        in one pass per kind, not one call per request (this runs on the daemon's reply path)."""
+        in one pass per kind, in one call (this runs on the daemon's reply path)."""
+        models, requests = self.models, self._requests
         for (tenant, model, code), n in answers.items():
-            self.count(tenant, model, code, n)
+            name = NONE if tenant is None else tenant
+            if models is not None and model not in models:
+                model = UNKNOWN
+            seen = requests.get(name)
+            if seen is None:
+                if len(requests) >= CANDIDATES * self.top:
+                    self._prune()   # (a new dict)
+                    requests = self._requests
+                seen = self._floor
+            requests[name] = seen = seen + n
+            counters = self.named.get(name)
+            if counters is None and (len(self.named) < self.top or seen > self._bar):
+                counters = self._promote(name, seen)
+            (counters if counters is not None else self.other)[(model, code)] += n
 
     def _promote(self, name: str, seen: int) -> Counter[tuple[str, str]] | None:
         if len(self.named) >= self.top:

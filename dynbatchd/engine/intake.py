@@ -59,7 +59,8 @@ class Intake:
     model); replace it after a reload. `route`/`admit_check`: the routing and admission hooks
     (``Plugins.channel_for``/``Plugins.admit``; `admit_check` None: no admission plugin).
     `cache_on`: the result cache is there (requests with a text get a cache key); `cache_rule`: the
-    cache policy. `quota(tenant, payload)`: a refusal message or None. `observe_user`: the top-users
+    cache policy. `quota(tenant, payload)`: a refusal message or None; `quota_on(config)`: whether
+    `config` sets any quota (None: always ask `quota`), decided once per config. `observe_user`: the top-users
     sketch's ``observe``. `loading(model)`: the model is not loaded yet. `curve`: the front end
     authenticates keys, so an isolated channel's tenant comes from the key.
     """
@@ -68,10 +69,12 @@ class Intake:
                  admit_check: Callable[[RequestInfo, str, Any], str | None] | None = None,
                  cache_on: bool = False, cache_rule: Callable[[RequestInfo], Any] | None = None,
                  quota: Callable[[str | None, Any], str | None] | None = None,
+                 quota_on: Callable[[Any], bool] | None = None,
                  observe_user: Callable[[str | None, str, str, str], None] | None = None,
                  loading: Container[str] | Callable[[str], bool] = (), curve: bool = False):
-        self.config, self.route, self.admit_check = config, route, admit_check   # (the setter below)
         self.cache_on, self.cache_rule, self.quota, self.observe_user = cache_on, cache_rule, quota, observe_user
+        self.quota_on = quota_on
+        self.config, self.route, self.admit_check = config, route, admit_check   # (the setter below)
         self.loading = loading if callable(loading) else loading.__contains__
         self.curve = curve
 
@@ -86,6 +89,7 @@ class Intake:
         self._models = getattr(config, "models", None)
         self._channels = config.channels
         self._key_tenants = config.compliance.key_tenants
+        self._quota = self.quota if self.quota_on is None or self.quota_on(config) else None
 
     @classmethod
     def from_plugins(cls, config: Any, plugins: Any, **kwargs: Any) -> "Intake":
@@ -113,7 +117,7 @@ class Intake:
             info = msgspec.structs.replace(info, tenant=tenant)
         if self.admit_check is not None and (reason := self.admit_check(info, channel, config)):
             return Refusal(P.REFUSED, reason, ADMISSION_RULE, channel, tenant)
-        if self.quota is not None and (refusal := self.quota(tenant, payload)):
+        if self._quota is not None and (refusal := self._quota(tenant, payload)):
             return Refusal(P.QUOTA_EXCEEDED, refusal, None, channel, tenant)
         cache_key = rule = None
         if meta.text is not None:

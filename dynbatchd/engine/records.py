@@ -118,6 +118,8 @@ class Device:
 
     def least_loaded(self) -> int:
         """The feeder that is up and holds the fewest batches (the lowest on a tie)."""
+        if len(self.up) == 1 and self.up[0]:   # (one feeder: the common case, once a batch)
+            return 0
         load = [0] * len(self.up)
         for feeder in self.feeder_of.values():
             load[feeder] += 1

@@ -117,3 +117,22 @@ def test_a_quota_refusal_comes_after_routing_and_compliance(setup):
     assert intake.admit(meta(("financial",), "sim", "bank", None, None)).rule == "admission-check"
     refusal = intake.admit(meta((), "sim", "bank", None, None))
     assert (refusal.code, refusal.rule, refusal.channel) == (P.QUOTA_EXCEEDED, None, "standard")
+
+
+def test_the_quota_is_not_asked_while_the_config_sets_none_and_is_after_a_reload_that_sets_one(setup):
+    config, plugins = setup
+    asked = []
+    configs_with_quota = set()
+
+    def quota(tenant, payload):
+        asked.append(tenant)
+        return None
+
+    intake = Intake.from_plugins(config, plugins, quota=quota, quota_on=lambda c: id(c) in configs_with_quota)
+    assert isinstance(intake.admit(meta((), "sim", "bank", None, None)), Job)
+    assert asked == []                      # no quota configured: no call a request
+    reloaded = msgspec.structs.replace(config)
+    configs_with_quota.add(id(reloaded))
+    intake.config = reloaded                # the reload's config sets one: asked from the next request
+    assert isinstance(intake.admit(meta((), "sim", "bank", None, None)), Job)
+    assert asked == ["bank"]

@@ -137,3 +137,16 @@ def test_tenants_remembered_are_bounded(monkeypatch):
         clock.now += S
         assert quotas.admit(conf, f"t{i}", object()) is None
     assert len(quotas.snapshot()) <= 101
+
+
+def test_holding_says_whether_any_answer_has_a_place_to_give_back():
+    clock = Clock()
+    off, on = settings(), settings(inflight=1)
+    assert not Q.quotas_on(off) and Q.quotas_on(on) and Q.quotas_on(settings(tenants={"a": {"rate": 1.0}}))
+    quotas = Quotas(on, clock)
+    assert not quotas.holding
+    token = object()
+    assert quotas.admit(on, "a", token) is None
+    assert quotas.holding                   # the daemon's reply path releases only while this is true
+    quotas.release(token)
+    assert not quotas.holding
