@@ -48,7 +48,7 @@ from dynbatchd.plugins import Plugins
 from dynbatchd.quotas import Quotas, quotas_on
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import NvmlProbe
-from dynbatchd.tenantmetrics import TenantAnswers
+from dynbatchd.tenantmetrics import PENDING_KINDS, TenantAnswers
 from dynbatchd.transport import FrontEnd
 
 log = logging.getLogger("dynbatchd")
@@ -254,7 +254,7 @@ class Daemon:
         """Each engine answer as a reply to its client (warmup inputs have none). `channel`: the
         answers' channel, for the log line of an error, when they were never queued (answered at once)."""
         front, queued, release = self.front, self._queued, self.quotas.release if self.quotas.holding else None
-        counted: dict[tuple[str | None, str, str], int] = {}   # the answers per tenant and model, counted once at the end
+        counted = self.tenant_answers.pending   # the answers per tenant and model, counted at the next scrape
         for answer in answers:
             pending = answer.payload
             envelope, request = pending.envelope, pending.request
@@ -279,8 +279,8 @@ class Daemon:
                     front.reply(envelope, P.Reply(request.id, True, tensor=value, timing=answer.timing), (data,))
                 else:
                     front.reply(envelope, P.Reply(request.id, True, value=value, timing=answer.timing))
-        if counted:
-            self.tenant_answers.count_all(counted)
+        if len(counted) >= PENDING_KINDS:
+            self.tenant_answers.flush()
 
     # -- scheduling ---------------------------------------------------------
     def _schedule_pump(self) -> None:

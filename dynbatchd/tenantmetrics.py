@@ -12,7 +12,9 @@ bounded Space-Saving sketch of `CANDIDATES` x `top` tenants) pass twice those of
 busy named tenant takes its place. The demoted tenant's counts move into ``(other)``, so every
 series stays monotonic or ends (a series that ends is what Prometheus handles), and the
 factor two keeps two tenants near the boundary from trading places on every request. Pure
-logic, no clock: the daemon calls `count` once per answer.
+logic, no clock. The daemon's reply path only adds each answer to `pending` (a dict increment);
+they are counted, in the order they came, at the next `snapshot` (a scrape, a status) or `count`,
+or once PENDING_KINDS kinds are held: so a tenant is named, or displaced, at those points.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ TOP_TENANTS = 20        # tenants with series of their own
 CANDIDATES = 8          # the sketch of candidates holds this many times TOP_TENANTS tenants
 OTHER, NONE, UNKNOWN = "(other)", "(none)", "(unknown)"
 PROMOTE_FACTOR = 2
+PENDING_KINDS = 1024    # kinds of answers the reply path may hold in `pending` before they are counted
 
 
 class TenantAnswers:
@@ -35,10 +38,21 @@ class TenantAnswers:
         self._requests: dict[str, int] = {}   # tenant -> requests (Space-Saving: never under its true count)
         self._floor = 0
         self._bar = 0                         # a candidate past this may displace the least busy named tenant
+        # (tenant, model, code) -> answers not counted yet: the daemon's reply path adds here, a dict
+        # increment an answer, and they are counted at the next snapshot (or `count`, or PENDING_KINDS)
+        self.pending: dict[tuple[str | None, str, str], int] = {}
 
     def count(self, tenant: str | None, model: str, code: str, n: int = 1) -> None:
-        """`n` answers of `code` to requests of `tenant` for `model`."""
+        """`n` answers of `code` to requests of `tenant` for `model` (after those pending)."""
+        self.flush()
         self.count_all({(tenant, model, code): n})
+
+    def flush(self) -> None:
+        """Count the answers `pending` holds, in the order they came."""
+        if self.pending:   # (the same dict stays: the reply path may hold it while an answer is counted)
+            pending = dict(self.pending)
+            self.pending.clear()
+            self.count_all(pending)
 
     def count_all(self, answers: Mapping[tuple[str | None, str, str], int]) -> None:
         """Many answers at once ((tenant, model, code) -> how many): a batch's replies are counted
@@ -83,6 +97,7 @@ class TenantAnswers:
     def snapshot(self) -> dict[str, Any]:
         """For status and /metrics: {"top", "answers": [[tenant, model, code, n]...]}, named tenants
         by name and the rest as (other)."""
+        self.flush()
         rows = [[t, m, c, n] for t, counters in sorted(self.named.items()) for (m, c), n in sorted(counters.items())]
         rows += [[OTHER, m, c, n] for (m, c), n in sorted(self.other.items())]
         return {"top": self.top, "answers": rows}

@@ -152,17 +152,28 @@ def _nnls(sums: list[float]) -> tuple[float, float, float]:
                 (m13 * t + m23 * nt + m33 * kt) / det)
         if min(full) >= 0:
             return full
+    # The pairs (base, per item), (base, per token), (per item, per token), then each single one; a later
+    # subset replaces an earlier one only if its score is higher (by 1e-9, so a tie keeps the earlier).
     best, best_score = (0.0, 0.0, 0.0), 0.0
-    for pair, a11, a12, a22, b1, b2 in ((0, w, n, nn, t, nt), (1, w, k, kk, t, kt), (2, nn, nk, kk, nt, kt)):
-        det = a11 * a22 - a12 * a12
-        if det <= 1e-9 * a11 * a22:
-            continue   # (nearly) singular
-        c1, c2 = (b1 * a22 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
-        if c1 >= 0 and c2 >= 0 and (score := c1 * b1 + c2 * b2) > best_score * (1 + 1e-9):
-            best = (c1, c2, 0.0) if pair == 0 else (c1, 0.0, c2) if pair == 1 else (0.0, c1, c2)
-            best_score = score
-    for single, a, b in ((0, w, t), (1, nn, nt), (2, kk, kt)):
-        if a > 0 and (c := b / a) * b > best_score * (1 + 1e-9):
-            best = (c, 0.0, 0.0) if single == 0 else (0.0, c, 0.0) if single == 1 else (0.0, 0.0, c)
-            best_score = c * b
+    det = w * nn - n * n
+    if det > 1e-9 * w * nn:
+        c1, c2 = (t * nn - n * nt) / det, (w * nt - n * t) / det
+        if c1 >= 0 and c2 >= 0 and (score := c1 * t + c2 * nt) > 0.0:
+            best, best_score = (c1, c2, 0.0), score
+    det = w * kk - k * k
+    if det > 1e-9 * w * kk:
+        c1, c2 = (t * kk - k * kt) / det, (w * kt - k * t) / det
+        if c1 >= 0 and c2 >= 0 and (score := c1 * t + c2 * kt) > best_score * (1 + 1e-9):
+            best, best_score = (c1, 0.0, c2), score
+    det = nn * kk - nk * nk
+    if det > 1e-9 * nn * kk:
+        c1, c2 = (nt * kk - nk * kt) / det, (nn * kt - nk * nt) / det
+        if c1 >= 0 and c2 >= 0 and (score := c1 * nt + c2 * kt) > best_score * (1 + 1e-9):
+            best, best_score = (0.0, c1, c2), score
+    if (c := t / w) * t > best_score * (1 + 1e-9):   # (w > 0 here)
+        best, best_score = (c, 0.0, 0.0), c * t
+    if nn > 0 and (c := nt / nn) * nt > best_score * (1 + 1e-9):
+        best, best_score = (0.0, c, 0.0), c * nt
+    if kk > 0 and (c := kt / kk) * kt > best_score * (1 + 1e-9):
+        best = (0.0, 0.0, c)
     return best

@@ -109,3 +109,19 @@ def test_a_live_daemon_counts_answers_per_tenant_and_model(tmp_path):
                         ("modest", "sim", "ok"): 1, ("modest", UNKNOWN, "unknown_model"): 1}
     finally:
         daemon.stop()
+
+
+def test_answers_pending_from_the_reply_path_are_counted_in_order_at_the_next_snapshot():
+    # The daemon's reply path adds to `pending` (a dict increment an answer); a snapshot, a direct
+    # count or PENDING_KINDS kinds count them first, so every answer is counted once and in order.
+    answers, direct = TenantAnswers(top=2), TenantAnswers(top=2)
+    stream = [("a", "m", "ok"), ("b", "m", "ok"), ("a", "m", "ok"), ("c", "m", "ok")] * 3
+    for kind in stream:
+        answers.pending[kind] = answers.pending.get(kind, 0) + 1
+    for tenant, model, code in stream[:4]:
+        direct.count(tenant, model, code, 3)
+    assert answers.snapshot() == direct.snapshot() and not answers.pending
+    answers.pending[("c", "m", "ok")] = 7
+    answers.count("a", "m", "refused")          # the pending answers first: c (10) displaces b (3)
+    assert {t for t, *_ in answers.snapshot()["answers"]} == {"a", "c", OTHER}
+    assert sum(n for *_, n in answers.snapshot()["answers"]) == len(stream) + 7 + 1
