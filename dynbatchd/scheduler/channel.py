@@ -150,9 +150,19 @@ class Channel(Admission, Planning):
         window = min(self.window.window_ns(now_ns, state), int(self.settings.window_ms * MS))
         self.last_window_ns = window   # for status only: policies answer without remembering
         window_end = lane.opened_ns + window
+        if free_slots > 0 and busy_ns <= 0 and self.plans_by_size():
+            window_end = min(window_end, lane.opened_ns + self.idle_hold_ns())
         # Close early when waiting longer would make the most urgent request miss.
         urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens)
         return min(window_end, urgent)
+
+    def idle_hold_ns(self) -> int:
+        """The longest a planned channel's window holds an idle device: a batch's fixed cost (the
+        learned `base`). What arrives during a hold joins the held batch instead of the next one,
+        which saves at most that one fixed cost; the device time held beyond it is lost to every
+        request behind in the busy period that follows (the plan, not the window, cuts the
+        batches of a backlog). Where tokens do not outweigh a request's cost the window stands."""
+        return int(self.cost.coefficients()[0])
 
     def retune(self, settings: Any, fresh: "Channel") -> None:
         """Adopt new settings (tune, reload) with the policies `fresh` was built with; a policy

@@ -139,3 +139,48 @@ def test_admission_counts_what_the_devices_hold_and_keeps_one_batch_of_slack():
     assert s.submit(item(0, 0, 45), 0, 1, idle=False)        # with nothing held: 38.5 ms, admitted
     # Now 9 queued (three batches, 28.5 ms): due in 40 ms is refused for the slack alone (37 without it).
     assert not s.submit(item(0, 0, 40), 0, 1, idle=False)
+
+
+def test_a_planned_channel_holds_an_idle_device_no_longer_than_a_batchs_fixed_cost():
+    # Window 100 ms, a batch's fixed cost 8 ms (learned). A hold saves at most that one fixed cost
+    # (what arrives joins this batch instead of the next), so an idle device waits 8 ms, not 100.
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=32, window_ms=100)}))
+    taught(s)
+    channel = s.channels["c"]
+    channel.mean_tokens = 2000.0    # 4 ms a request by its tokens against 0.5 ms by itself: planned
+    assert channel.plans_by_size()
+    first = item(0, 2000, 1000)
+    assert channel.offer(first, 0)
+    assert s.next_wakeup(0, free_slots=1) == 8 * MS
+    assert s.poll(8 * MS - 1, free_slots=1).batches == []
+    second = item(5, 1500, 1000)
+    assert channel.offer(second, 5 * MS)
+    [batch] = s.poll(8 * MS, free_slots=1).batches
+    assert batch.items == [first, second]
+
+
+def test_a_planned_channels_window_stands_while_no_device_idles():
+    # A device busy for 50 ms more: holding costs no device time, so the window (100 ms) stands;
+    # once the device idles, a request that has waited a fixed cost already goes at once.
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=32, window_ms=100)}))
+    taught(s)
+    channel = s.channels["c"]
+    channel.mean_tokens = 2000.0
+    queued = item(0, 2000, 1000)
+    assert channel.offer(queued, 0)
+    assert s.next_wakeup(0, free_slots=1, device_busy_ns=50 * MS) == 100 * MS
+    assert s.poll(20 * MS, free_slots=1, device_busy_ns=30 * MS).batches == []
+    [batch] = s.poll(50 * MS, free_slots=1).batches
+    assert batch.items == [queued]
+
+
+def test_a_channel_whose_requests_cost_by_count_keeps_its_whole_window_on_an_idle_device():
+    # No per-token cost: sizes do not matter, nothing is planned, the window is the operator's.
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=32, window_ms=100)}))
+    channel = s.channels["c"]
+    for _ in range(CostModel.SETTLED_AFTER):
+        channel.cost.observe(8, 0, 12 * MS, 0)
+        channel.cost.observe(1, 0, 8 * MS + MS // 2, 0)
+    assert not channel.plans_by_size()
+    assert channel.offer(item(0, 0, 1000), 0)
+    assert s.next_wakeup(0, free_slots=1) == 100 * MS
