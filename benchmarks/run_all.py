@@ -42,11 +42,13 @@ def measure_once(d: RunningDaemon, sc: Scenario, rate: float, duration_s: float,
     background = wait_for_quiet(quiet_wait_s) if quiet_wait_s > 0 else None
     duration_s = min(max(duration_s, MIN_REQUESTS / rate), 3 * duration_s)
     deadline_s = sc.channel.get("deadline_ms", 1000.0) / 1000
-    st0 = d.status()["channels"]["bench"]
+    status0 = d.status()
+    st0 = status0["channels"]["bench"]
     busy0, c0 = machine_busy_s(), d.cpu()
     r = loadgen.run(d.endpoint, sc.model, rate, duration_s, inputs=sc.inputs, drain_s=deadline_s + 3.0, seed=seed)
     c1, busy1 = d.cpu(), machine_busy_s()
-    st1 = d.status()["channels"]["bench"]
+    status1 = d.status()
+    st1 = status1["channels"]["bench"]
     answered = r.sent - r.errors.get(loadgen.MISSING, 0)
     extra = cpu_delta(c0, c1, answered)
     gen_s = r.gen_cpu_frac * r.elapsed_s
@@ -58,9 +60,22 @@ def measure_once(d: RunningDaemon, sc: Scenario, rate: float, duration_s: float,
         other_cores=round(max(0.0, others) / wall, 3) if wall > 0 else None,
         daemon_batches=st1["batches"] - st0["batches"],
         daemon_mean_batch=round((st1["completed"] - st0["completed"]) / max(1, st1["batches"] - st0["batches"]), 2),
+        device_busy=round(sum(d1["busy_s"] - d0["busy_s"] for d0, d1 in zip(status0["devices"], status1["devices"]))
+                          / max(1e-9, r.elapsed_s), 3),
         daemon_alive=d.alive())
     time.sleep(0.3)
     return r, extra
+
+
+def detail(r: loadgen.RunResult, extra: dict[str, Any]) -> str:
+    """Where one run's time and errors went (printed above its line of `find_goodput`): errors by kind, the daemon's
+    queue and compute p50/p99 and the rest (transport), device busy, batches, other load."""
+    b = r.extra.get("breakdown_ms", {})
+    part = lambda k: f"{b[k]['p50']:.1f}/{b[k]['p99']:.1f}" if k in b else "-"   # noqa: E731
+    errors = ", ".join(f"{k} {v}" for k, v in r.errors.items()) or "none"
+    return (f"errors: {errors}; ms p50/p99 queue {part('daemon_queue')}, compute {part('compute')}, "
+            f"outside {part('outside_daemon')}; device busy {extra.get('device_busy')}, "
+            f"batch {extra.get('daemon_mean_batch')}; other load {extra.get('other_cores')} cores")
 
 
 def run_scenario(sc: Scenario, duration_s: float, quick: bool, quiet_wait_s: float = 0.0, log=print) -> dict[str, Any]:
@@ -77,6 +92,7 @@ def run_scenario(sc: Scenario, duration_s: float, quick: bool, quiet_wait_s: flo
                 first = {"result": r.to_dict(), "cpu": extra}
                 r, extra = measure_once(d, sc, rate, duration_s, next(seeds), quiet_wait_s)
                 extra["discarded_noisy_run"] = first
+            log("      " + detail(r, extra))
             return r, extra
         search = find_goodput(measure, slo_ms=sc.slo_ms,
                               start=sc.start, factor=sc.factor, probes=sc.probes,
