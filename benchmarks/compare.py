@@ -61,9 +61,11 @@ def shadow_entry_points(tree: Path) -> None:
     (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
 
 
-def run_side(tree: Path, only: str, quick: bool) -> dict[str, tuple[float, float | None]]:
-    """(goodput req/s, daemon CPU µs per request at its highest fixed rate) per scenario, from one
-    `benchmarks.run_all` in `tree`."""
+def run_side(tree: Path, only: str, quick: bool) -> dict[str, tuple[float, float | None, float | None]]:
+    """(goodput req/s, daemon CPU µs per request at its highest fixed rate, the daemon's mean batch
+    there) per scenario, from one `benchmarks.run_all` in `tree`. The mean batch is printed beside
+    the CPU: a request's share of a batch's cost depends on it, so two sides that batched
+    differently at the same rate are not comparing the same work."""
     command = [sys.executable, "-m", "benchmarks.run_all", "--only", only, "--quiet-wait", "5"] + (["--quick"] if quick else [])
     env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
     out = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
@@ -75,7 +77,8 @@ def run_side(tree: Path, only: str, quick: bool) -> dict[str, tuple[float, float
     for s in doc["scenarios"]:
         fixed = s.get("fixed") or []
         cpu = fixed[-1]["cpu"].get("daemon_us_per_req") if fixed else None
-        out[s["name"]] = (s.get("goodput_rps") or 0.0, cpu)
+        batch = fixed[-1]["cpu"].get("daemon_mean_batch") if fixed else None
+        out[s["name"]] = (s.get("goodput_rps") or 0.0, cpu, batch)
     return out
 
 
@@ -91,15 +94,16 @@ def main(argv: list[str] | None = None) -> int:
                                 cwd=REPO, capture_output=True, text=True).stdout.strip())
     print("python -m benchmarks.compare " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
     print(f"{os.cpu_count()} cores; ref {args.ref} vs this tree at {head}{' (dirty)' if dirty else ''}")
-    runs: dict[str, dict[str, list[tuple[float, float | None]]]] = {"ref": {}, "this": {}}
+    runs: dict[str, dict[str, list[tuple[float, float | None, float | None]]]] = {"ref": {}, "this": {}}
     with tempfile.TemporaryDirectory(prefix="dynbatchd-ref-") as tmp:
         ref_tree = export(args.ref, Path(tmp))
         for round_ in range(args.rounds):
             for side, tree in (("ref", ref_tree), ("this", REPO)):
-                for name, (goodput, cpu) in run_side(tree, args.only, not args.full).items():
-                    runs[side].setdefault(name, []).append((goodput, cpu))
+                for name, (goodput, cpu, batch) in run_side(tree, args.only, not args.full).items():
+                    runs[side].setdefault(name, []).append((goodput, cpu, batch))
                     print(f"  round {round_ + 1} {side:>4} {name}: goodput {goodput:,.0f} req/s"
-                          + (f", daemon {cpu} µs/request" if cpu is not None else ""), flush=True)
+                          + (f", daemon {cpu} µs/request" if cpu is not None else "")
+                          + (f" (mean batch {batch})" if batch is not None else ""), flush=True)
 
     def mean(values: list[float | None]) -> float | None:
         known = [v for v in values if v is not None]
@@ -108,10 +112,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n| scenario | goodput {args.ref} | goodput {head} | ratio | daemon µs/req {args.ref} | "
           f"daemon µs/req {head} | ratio |\n|---|---|---|---|---|---|---|")
     for name in runs["ref"]:
-        g0, g1 = (mean([g for g, _ in runs[side][name]]) for side in ("ref", "this"))
-        c0, c1 = (mean([c for _, c in runs[side][name]]) for side in ("ref", "this"))
+        g0, g1 = (mean([r[0] for r in runs[side][name]]) for side in ("ref", "this"))
+        c0, c1 = (mean([r[1] for r in runs[side][name]]) for side in ("ref", "this"))
         cpu = f"{c0:.1f} | {c1:.1f} | {c1 / c0:.2f}" if c0 and c1 else "| |"
         print(f"| {name} | {g0:,.0f} | {g1:,.0f} | {g1 / g0 if g0 else float('nan'):.2f} | {cpu} |")
+    for name in runs["ref"]:   # the spread: each round's CPU ratio (sides run one after the other)
+        pairs = [(r[1], t[1]) for r, t in zip(runs["ref"][name], runs["this"][name]) if r[1] and t[1]]
+        if pairs:
+            print(f"{name}: daemon CPU ratio per round " + ", ".join(f"{t / r:.2f}" for r, t in pairs)
+                  + "; mean batch ref " + ", ".join(str(r[2]) for r in runs["ref"][name])
+                  + " / this " + ", ".join(str(t[2]) for t in runs["this"][name]))
     return 0
 
 

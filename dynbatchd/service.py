@@ -253,6 +253,8 @@ class Daemon:
     def _send(self, answers, channel: str | None = None) -> None:
         """Each engine answer as a reply to its client (warmup inputs have none). `channel`: the
         answers' channel, for the log line of an error, when they were never queued (answered at once)."""
+        if not answers:   # (most scheduling passes answer nothing)
+            return
         front, queued, release = self.front, self._queued, self.quotas.release if self.quotas.holding else None
         counted = self.tenant_answers.pending   # the answers per tenant and model, counted at the next scrape
         for answer in answers:

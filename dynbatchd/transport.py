@@ -125,7 +125,7 @@ def validate(request: P.Request, frames: list[bytes]) -> str | None:
     given = (request.text is not None) + (request.tensor is not None) + (request.value is not None)
     if given != 1:
         return "a request needs exactly one input: text, tensor or value"
-    if request.text is not None and not request.text.strip():
+    if request.text is not None and (not request.text or request.text.isspace()):   # (no stripped copy made)
         return "text is empty (or only whitespace): there is nothing to run"
     if request.tokens is not None and request.tokens < 0:
         return "tokens must be >= 0"
