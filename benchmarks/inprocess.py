@@ -149,7 +149,7 @@ def measure(batches: list[int], reps: int, requests: int) -> dict[str, float]:
     return out
 
 
-def profile(batch: int, requests: int, top: int) -> None:
+def profile(batch: int, requests: int, top: int, out: str | None = None) -> None:
     import cProfile
     import pstats
 
@@ -162,9 +162,9 @@ def profile(batch: int, requests: int, top: int) -> None:
     stats = pstats.Stats(prof)
     calls = sum(v[1] for v in stats.stats.values())
     print(f"batches of {batch}: {calls / n:.1f} function calls a request (deterministic: compare them across commits)")
+    if out:
+        stats.dump_stats(out)
     stats.sort_stats("tottime").print_stats(top)
-    if os.environ.get("DYNBATCHD_PROFILE_OUT"):
-        stats.dump_stats(os.environ["DYNBATCHD_PROFILE_OUT"])
 
 
 def run_tree(tree: Path, batches: str, reps: int, requests: int) -> dict[str, float]:
@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=1, help="with --ref: alternating runs a side (default 1)")
     ap.add_argument("--profile", type=int, metavar="BATCH", help="cProfile this tree's path at batches of BATCH")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--out", help="with --profile: keep the stats file here (python -m pstats FILE)")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(batches, args.reps, args.requests)))
         return 0
     if args.profile:
-        profile(args.profile, args.requests, args.top)
+        profile(args.profile, args.requests, args.top, args.out)
         return 0
     if not args.ref:
         for batch, us in measure(batches, args.reps, args.requests).items():
