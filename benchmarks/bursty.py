@@ -3,6 +3,7 @@
     python -m benchmarks.bursty                 # x40, x60, x80; about 10 s
     python -m benchmarks.bursty --speedups 60
     python -m benchmarks.bursty --live          # also x40 and x60 through the live daemon; about 3 min
+    python -m benchmarks.bursty --perturb       # also each speed-up with its clock scaled by 1 +- k/10,000
 
 One channel, max_batch 32, deadline 1,000 ms, the device 8 ms + 0.5 ms/item +
 0.002 ms/token, every request at its own size. dynbatchd's engine (windows
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--speedups", default="40,60,80", help="trace speed-ups, comma-separated")
     ap.add_argument("--live", action="store_true", help="also replay x40 and x60 through the live daemon")
     ap.add_argument("--live-speedups", default="40,60", help="speed-ups for --live (default 40,60)")
+    ap.add_argument("--perturb", action="store_true",
+                    help="also replay each speed-up with the trace's clock scaled by 1 +- k/10,000 (about 4 min)")
     args = ap.parse_args(argv)
     if not azure_available():
         print(f"the trace {AZURE_CSV} is missing", file=sys.stderr)
@@ -82,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
             y = heuristic(arrivals, DEVICE, DEADLINE_MS)
             print(f"| x{speedup:g} | {name} | {y.share():.2%} | {y.share(longest):.1%} | | | | |")
     compare_shipped(rows, [float(s) for s in args.speedups.split(",")], plugins)
+    if args.perturb:
+        perturbed(rows, [float(s) for s in args.speedups.split(",")], plugins)
     if args.live:
         compare_live(rows, [float(s) for s in args.live_speedups.split(",")], plugins)
     return 0
@@ -118,6 +123,30 @@ def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugin
             one = simulate(alone, [Arrival(a.at_ns, a.tokens, channel="standard") for a in arrivals], **run)
             a, b = one.total().on_time_fraction, three.total().on_time_fraction
             print(f"| x{speedup:g} | none | {a:.2%} | {b:.2%} | {100 * (b - a):+.2f} | {rt} | {to_bulk} |")
+
+
+PERTURB_SCALES = (1.0, 0.9999, 1.0001, 0.9998, 1.0002, 0.9997, 1.0003, 0.99995)
+
+
+def perturbed(rows: list[tuple[float, int]], speedups: list[float], plugins: Plugins) -> None:
+    """Each setup's requests on time less the planner's, with every arrival time scaled by
+    PERTURB_SCALES (a few ms over the trace): how far a difference of a few requests is from
+    chance. The replay is chaotic: one decision made otherwise early on moves every later one."""
+    print("\nRequests on time less the planner's (deadline-order plan, drop the largest), "
+          "the trace's clock scaled by " + ", ".join(f"{s:g}" for s in PERTURB_SCALES))
+    print("| speed-up | setup | at each scale | mean | lowest |")
+    print("|---|---|---|---|---|")
+    for speedup in speedups:
+        runs = [[Arrival(int(t / speedup * 1e9 * scale), tokens) for t, tokens in rows] for scale in PERTURB_SCALES]
+        plan = [sum(edf_plan_drop_largest(a, DEVICE, DEADLINE_MS).on_time) for a in runs]
+        print(f"| x{speedup:g} | the planner itself | {' '.join(str(p) for p in plan)} | | |")
+        for name, channel in setups().items():
+            diffs = []
+            for arrivals, planned in zip(runs, plan):
+                r = simulate({"c": channel}, arrivals, device=DEVICE, window_policies=plugins.window_policies())
+                diffs.append(sum(r.on_time(i) for i in range(len(arrivals))) - planned)
+            print(f"| x{speedup:g} | dynbatchd, {name} | {' '.join(f'{d:+d}' for d in diffs)} | "
+                  f"{sum(diffs) / len(diffs):+.2f} | {min(diffs):+d} |", flush=True)
 
 
 def live_config(endpoint: str, control: str) -> str:
