@@ -122,6 +122,9 @@ def real_cpu(seconds: float, reps: int, shares: list[float]) -> bool:
             f"{c.name} TTFT {c.ttft_ms:.0f} ms ({c.ttft_ms / step_ms:.0f}) / TPOT {c.tpot_ms:.1f} ms "
             f"({c.tpot_ms / step_ms:.1f})" for c in channels.values()))
         capacity, probes = capacity_of(runner, channels, seconds)
+        if not capacity:
+            print(f"continuous met its targets at no probed rate ({probes}): the machine is too busy to measure")
+            return False
         print(f"continuous sustains {capacity:g} req/s here (the highest probed rate with >= 90% of requests within "
               f"targets; probes: {', '.join(f'{r:g} req/s {m}/{n}' for r, m, n in probes)}); rates "
               f"{', '.join(f'{x:g}x' for x in shares)} of it, the same arrivals for both modes")
@@ -195,7 +198,11 @@ def run_mode(runner, jobs, mode: str):
         return time.monotonic_ns() / 1e6
 
     loop = GenerationLoop(runner, scheduler_for({"mode": mode}), clock)
-    return replay(loop, jobs, clock, lambda ms: time.sleep(max(0.0, ms) / 1000))
+    started = time.monotonic()
+    report = replay(loop, jobs, clock, lambda ms: time.sleep(max(0.0, ms) / 1000))
+    print(f"  ({mode}, {len(jobs)} requests: {report.met_count} within targets, {time.monotonic() - started:.0f} s)",
+          file=sys.stderr, flush=True)
+    return report
 
 
 def capacity_of(runner, channels: dict[str, ChannelTargets], seconds: float, *, start: float = 4.0,
@@ -216,11 +223,21 @@ def capacity_of(runner, channels: dict[str, ChannelTargets], seconds: float, *, 
         probes.append((rate, report.met_count, len(work)))
         return report.met_count >= share * len(work)
 
-    rate, sustained = start, 0.0
-    while holds(rate):
-        sustained, rate = rate, round(rate * step, 1)
-    middle = round((sustained + rate) / 2, 1)     # one probe between the last that held and the first that did not
-    return (middle if sustained and holds(middle) else sustained), probes
+    rate = start
+    while not holds(rate):                        # (a busy machine: down from `start` first)
+        if rate <= 0.5:
+            return 0.0, probes
+        rate = round(rate / step, 1)
+    sustained = rate
+    if len(probes) > 1:
+        failed = probes[-2][0]
+    else:
+        rate = round(rate * step, 1)
+        while holds(rate):
+            sustained, rate = rate, round(rate * step, 1)
+        failed = rate
+    middle = round((sustained + failed) / 2, 1)   # one probe between the last that held and the first that did not
+    return (middle if holds(middle) else sustained), probes
 
 
 def main() -> int:
