@@ -32,15 +32,22 @@ class Placement:
         return total
 
     def _views(self) -> list[DeviceView]:
-        return [DeviceView(len(d.held), estimated_free_at(d.held.values(), lambda b, i=i: self._estimate(b, i)),
-                           d.usable and not d.exclusive, sum(d.up), int(d.prepare_ns)) for i, d in enumerate(self.devices)]
+        views = []
+        for i, d in enumerate(self.devices):   # (an idle device's end needs no estimate: one pass a request or two)
+            free_at = estimated_free_at(d.held.values(), lambda b, i=i: self._estimate(b, i)) if d.held else 0
+            views.append(DeviceView(len(d.held), free_at, d.usable and not d.exclusive, sum(d.up), int(d.prepare_ns)))
+        return views
 
     def _place(self, batch: Batch, views: list[DeviceView], now_ns: int) -> int | None:
         """The open device on which `batch` would finish soonest (by each device's learned cost;
         fewest held on a tie), and there its least-loaded feeder. A retried request goes only to
         an idle device (every feeder idle) and runs there alone: if it kills its feeder too, it
         is certainly the cause."""
-        exclusive = any(item.retries for item in batch.items)
+        exclusive = False
+        for item in batch.items:   # (a loop, not any(): this runs once a batch)
+            if item.retries:
+                exclusive = True
+                break
         choose = [DeviceView(v.held, v.free_at_ns, v.usable and v.held == 0, v.feeders, v.lead_ns)
                   for v in views] if exclusive else views
         index = slots.pick_device(choose, now_ns, self.inflight, self.lead_ns, lambda i: self._estimate(batch, i))
