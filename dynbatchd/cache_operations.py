@@ -123,7 +123,7 @@ class CacheOperations:
                 queued, cached = queued + q, cached + c
         self.daemon._schedule_pump()
         answer: dict[str, Any] = {"queued": queued, "already_cached": cached,
-                                  "backlog": len(self.daemon.engine.warmup_backlog), "channel": channel}
+                                  "backlog": self.daemon.engine.warmup_waiting(), "channel": channel}
         if not queued and not cached:
             answer["reason"] = self._nothing_to_warm()
         return answer

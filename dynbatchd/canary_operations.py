@@ -69,7 +69,7 @@ class CanaryOperations:
         """End a running canary now, as a rollback."""
         from dynbatchd.tuning.canary import ROLLBACK, Verdict
 
-        split = self.daemon.engine.splits.get(channel)
+        split = self.daemon.engine.splits_running().get(channel)
         if split is None:
             raise KeyError(channel)
         self.daemon.engine.end_split(channel, Verdict(ROLLBACK, "stopped by the operator",
@@ -100,5 +100,5 @@ class CanaryOperations:
         now = self.daemon.clock()
         running = {name: {"twin": s.twin, "shadow": s.shadow, "changes": self.canary_changes.get(name, {}),
                           "duration_s": s.judge.duration_ns / 1e9, **s.judge.figures(now)}
-                   for name, s in self.daemon.engine.splits.items()}
+                   for name, s in self.daemon.engine.splits_running().items()}
         return {"running": running, "ended": dict(self.canary_ends)}

@@ -94,8 +94,7 @@ class Generations:
                                 settings.priority, getattr(settings, "ttft_ms", None),
                                 getattr(settings, "tpot_ms", None), job.deadline_ms)
         run = self.jobs[number] = Running(pending, job.channel, worker, now_ns, deadline_ms=job.deadline_ms)
-        if (stats := self._stats(job.channel)) is not None:
-            stats.accepted += 1
+        self._count(job.channel, "accepted")
         self.by_client[(pending.envelope[0], request.id)] = number
         if job.deadline_ms and (loop := getattr(self.daemon, "loop", None)) is not None:
             run.overdue = loop.call_later(job.deadline_ms / 1000 + OVERDUE_GRACE_S, self.overdue, number)
@@ -170,11 +169,11 @@ class Generations:
         elif (front := self.daemon.front) is not None:
             front.io.send([*envelope, P.encoder.encode(chunk)])
 
-    def _stats(self, channel: str) -> Any:
-        """The engine's counters of `channel` (accepted, completed...: `dynbatchctl status`), if any."""
+    def _count(self, channel: str, counter: str, late: bool = False) -> None:
+        """Count in the engine's counters of `channel` (accepted, completed...: `dynbatchctl status`)."""
         engine = getattr(self.daemon, "engine", None)
-        found = engine.channels.get(channel) if engine is not None else None
-        return found.stats if found is not None else None
+        if engine is not None:
+            engine.count_generated(channel, counter, late=late)
 
     def _answer(self, run: Running, end: P.GenEnd) -> Answer:
         self.ended[end.reason] = self.ended.get(end.reason, 0) + 1
@@ -205,10 +204,9 @@ class Generations:
         run = self.jobs.pop(number)
         if run.overdue is not None:
             run.overdue.cancel()
-        if (stats := self._stats(run.channel)) is not None and (counter := COUNTERS.get(answer.code)):
-            setattr(stats, counter, getattr(stats, counter) + 1)
-            if answer.code == OK and run.deadline_ms and answer.timing.total_us > run.deadline_ms * 1000:
-                stats.late += 1   # (a worker's end after the deadline, before its step noticed)
+        if counter := COUNTERS.get(answer.code):   # late: a worker's end after the deadline, before its step noticed
+            self._count(run.channel, counter, answer.code == OK and bool(run.deadline_ms)
+                        and answer.timing.total_us > run.deadline_ms * 1000)
         pending = run.pending
         self.by_client.pop((pending.envelope[0], pending.request.id), None)
         self.daemon._send((answer,), run.channel)

@@ -44,9 +44,9 @@ def sample_devices(engine: Engine, probe: NvmlProbe, last: list[tuple[int, int]]
     utilisation (NVML's, else the worker's busy fraction since the last beat) and the fullest
     device's memory use. `last` holds each device's (busy_ns, time) at the previous beat."""
     utils, mems, sized = [], [], []
-    for i, device in enumerate(engine.devices):
+    for i, device in enumerate(engine.device_usage()):
         busy0, t0 = last[i]
-        last[i] = (device.stats.busy_ns, now)
+        last[i] = (device.busy_ns, now)
         reading = probe.sample(device.name)
         if reading is None:
             _latest.pop(device.name, None)
@@ -54,12 +54,12 @@ def sample_devices(engine: Engine, probe: NvmlProbe, last: list[tuple[int, int]]
             _latest[device.name] = reading
         if reading is not None and reading.memory_fraction is not None:
             mems.append(reading.memory_fraction)
-            batches = batch_memory_fraction(device.stats.batch_memory, reading.memory_total_bytes)
+            batches = batch_memory_fraction(device.batch_memory, reading.memory_total_bytes)
             sized.append(reading.memory_fraction if batches is None else batches)
         if reading is not None and reading.utilisation is not None:
             utils.append(reading.utilisation)
         elif now > t0:
-            utils.append(min(1.0, (device.stats.busy_ns - busy0) / (now - t0)))
+            utils.append(min(1.0, (device.busy_ns - busy0) / (now - t0)))
     engine.observe(now, sum(utils) / len(utils) if utils else 0.0, max(sized) if sized else 0.0,
                    memory_used=max(mems) if mems else 0.0)
 
@@ -69,7 +69,7 @@ async def observe_devices(engine: Engine, pool: DevicePool, clock: Callable[[], 
     """Forever: every `every_s`, replace workers stuck on a batch for `hung_after_s`, tell the
     engine (utilisation, memory), then `after()`."""
     probe = probe if probe is not None else NvmlProbe()
-    last = [(d.stats.busy_ns, clock()) for d in engine.devices]
+    last = [(d.busy_ns, clock()) for d in engine.device_usage()]
     try:
         while True:
             await asyncio.sleep(every_s)
@@ -81,5 +81,5 @@ async def observe_devices(engine: Engine, pool: DevicePool, clock: Callable[[], 
             sample_devices(engine, probe, last, now)
             after()
     finally:
-        for device in engine.devices:   # stopped: no reading is current any more
+        for device in engine.device_usage():   # stopped: no reading is current any more
             _latest.pop(device.name, None)

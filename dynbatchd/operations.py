@@ -124,7 +124,6 @@ class Operations:
         devices = [{**dev, **(d.pool.describe(i) if d.pool else {}),
                     **({"gpu": dataclasses.asdict(gpus[dev["device"]])} if dev["device"] in gpus else {})}
                    for i, dev in enumerate(snap["devices"])]
-        deadlines = {name: c.settings.deadline_ms for name, c in d.engine.channels.items()}   # a twin's too
         front, members = d.front, d.membership
         return {
             "daemon": {"version": __version__, "pid": os.getpid(), "state": d.state,
@@ -135,7 +134,7 @@ class Operations:
                        "replies_undelivered": front.io.undeliverable if front else 0,
                        "unauthenticated": sum(p.unauthenticated for p in (front, d.control) if p is not None),
                        "quarantined": snap["quarantined"],
-                       "health": daemon_health(snap["channels"], deadlines, devices, d.engine.memory_used)},
+                       "health": daemon_health(snap["channels"], snap["deadlines_ms"], devices, snap["memory_used"])},
             "channels": snap["channels"],
             "models": {"serving": sorted(set(d.config.models) - set(members.loading_models)),
                        "loading": sorted(members.loading_models), "unloading": sorted(members.unloading_models)},
@@ -149,8 +148,7 @@ class Operations:
         }
 
     def metrics_page(self) -> str:
-        return render_metrics(self.status(), {name: c.stats.latency.lifetime
-                                              for name, c in self.daemon.engine.channels.items()})
+        return render_metrics(self.status(), self.daemon.engine.latency_lifetimes())
 
     def apply_config(self, new: Config) -> list[str]:
         """Adopt a validated config: channel settings, policies and routing change in place,
@@ -167,13 +165,10 @@ class Operations:
         old = d.config
         needs_restart = self.needs_restart(new)
         rebuilt = build_channels(new.channels, d.plugins.window_policies(), d.plugins.batch_sizers())
-        for name, settings in new.channels.items():   # a canary's twin keeps the candidate's settings
-            if name in old.channels and name not in d.engine.retiring:
-                d.engine.channels[name].retune(settings, rebuilt[name])
-            else:
-                d.engine.add_channel(rebuilt[name])
+        for name in new.channels:   # kept ones retune in place; a canary's twin keeps the candidate's settings
+            d.engine.add_channel(rebuilt[name])
         for name in set(old.channels) - set(new.channels):
-            if name in d.engine.splits:
+            if name in d.engine.splits_running():
                 d.canary.stop(name)
             d.engine.retire_channel(name)
         d.config = msgspec.structs.replace(new, **{key: getattr(old, key) for key in needs_restart})

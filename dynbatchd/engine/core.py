@@ -57,6 +57,8 @@ from dynbatchd.engine.warmup import Warmup
 from dynbatchd.scheduler import Channel, Scheduler
 from dynbatchd.telemetry import DeviceStats
 
+# What a generate request counts in its channel (`count_generated`): accepted, then how it ended.
+GENERATED_COUNTERS = frozenset({"accepted", "completed", "expired", "cancelled", "failed"})
 NO_EVENTS: tuple[EngineEvent, ...] = ()   # what `take_events` returns when there is nothing to carry out
 
 
@@ -179,6 +181,18 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
     def refused(self, channel: str) -> None:
         """A compliance check refused a request routed to `channel` (counted, never queued)."""
         self.channels[channel].stats.refused += 1
+
+    def count_generated(self, channel: str, counter: str, *, late: bool = False) -> None:
+        """A generate request (run by its worker's own step loop, never batched here) counted in
+        `channel` beside the engine's own: `counter` is one of `GENERATED_COUNTERS`; `late`: it
+        ended ok after its deadline. A channel the engine no longer runs counts nothing."""
+        if counter not in GENERATED_COUNTERS:
+            raise ValueError(f"not a generate counter: {counter!r}")
+        found = self.channels.get(channel)
+        if found is not None:
+            stats = found.stats
+            setattr(stats, counter, getattr(stats, counter) + 1)
+            stats.late += late
 
     def step(self, now_ns: int) -> tuple[list[Dispatch], list[Answer]]:
         """One scheduling pass: answer the hopeless, fill every open device slot."""
@@ -341,4 +355,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
                              "batch_limit": {"items": items, "tokens": tokens, "source": self.limit_sources[i]}}
                             for i, (d, (items, tokens)) in enumerate(zip(self.devices, self.device_limits))],
                 "quarantined": len(self.quarantine),
-                "warmup_backlog": len(self.warmup_backlog)}
+                "warmup_backlog": len(self.warmup_backlog),
+                "deadlines_ms": {name: c.settings.deadline_ms for name, c in self.channels.items()},   # a twin's too
+                "memory_used": self.memory_used,   # the fullest device's, for the health score
+                "polls": self.polls}

@@ -15,8 +15,9 @@ class Reloads:
     """The engine's reload methods (see the module docstring)."""
 
     def add_channel(self, channel: Channel) -> None:
-        """A channel a reload added: routable at once. One still draining after an earlier removal
-        is taken back with the new settings and keeps its queue."""
+        """A channel of a reload's config: a new one is routable at once; one the engine runs takes
+        the new settings in place, keeping its queue and what it learned (one still draining after
+        an earlier removal is taken back)."""
         if channel.name in self.channels:
             self.retiring.discard(channel.name)
             self.channels[channel.name].retune(channel.settings, channel)

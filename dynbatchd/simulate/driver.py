@@ -199,7 +199,7 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
                 i += 1
                 continue
             job, name = admitted, admitted.channel
-            if name not in engine.channels:
+            if not engine.has_channel(name):
                 raise KeyError(f"arrival {i} routed to unknown channel {name!r}")
             channel_of[i] = name
             slo[i] = int((a.slo_ms if a.slo_ms is not None else job.deadline_ms) * MS)
@@ -220,4 +220,4 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
         raise SimulationError(f"{len(missing)} requests never answered (first: {missing[0]})")
     end = max((r.end_ns for r in records), default=now if n else 0)
     return SimResult(trace, channel_of, outcome, latency, slo, records, devices, max(end, first),
-                     engine.snapshot(now)["channels"], engine.polls)
+                     (snap := engine.snapshot(now))["channels"], snap["polls"])

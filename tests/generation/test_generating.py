@@ -162,11 +162,14 @@ def test_a_prompt_that_is_not_text_is_a_bad_request():
 
 
 def test_the_channels_counters_count_generate_requests():
-    from dynbatchd.telemetry import ChannelStats
+    from dynbatchd.config import ChannelSettings
+    from dynbatchd.engine import Engine
+    from dynbatchd.scheduler import build_channels
 
     daemon = FakeDaemon()
-    stats = ChannelStats()
-    daemon.engine = types.SimpleNamespace(channels={"chat": types.SimpleNamespace(stats=stats)})
+    settings = ChannelSettings(max_batch=1, window_ms=0, deadline_ms=1000)
+    daemon.engine = Engine(build_channels({"chat": settings}), ["cpu"])   # counted through count_generated
+    stats = daemon.engine.channels["chat"].stats
     gens = Generations(daemon)
     for rid, reason in ((1, "length"), (2, "cancelled"), (3, "deadline_exceeded"), (4, "error")):
         worker, job = start(gens, daemon, rid)
