@@ -2,10 +2,11 @@
 model instead of attributes), checked statically as test_layers checks imports.
 
 The engine is whatever an expression names `engine` (a variable, `self.engine`, `d.engine`,
-`self.daemon.engine`). Its state is every attribute an Engine instance holds (`vars`), so a field
-added to the engine is covered without a list to keep. Outside the package code may call its
-methods and read `PUBLIC_FIELDS` as plain values; it may not read another attribute, assign or
-delete any, nor index or call methods on a public field (`engine.outbox.clear()`).
+`self.daemon.engine`), and a name bound to `Engine(...)` or an argument annotated `Engine`. Its
+state is every attribute an Engine instance holds (`vars`), so a field added to the engine is
+covered without a list to keep. Outside the package code may call its methods and read
+`PUBLIC_FIELDS` as plain values; it may not read another attribute, assign or delete any, nor
+index or call methods on a public field (`engine.outbox.clear()`).
 """
 
 from __future__ import annotations
@@ -21,14 +22,28 @@ CHECKED = ("dynbatchd", "plugins", "benchmarks")
 STATE = set(vars(Engine({}, ["cpu"])))
 
 
-def _is_engine(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Name) and node.id == "engine") or (
-        isinstance(node, ast.Attribute) and node.attr == "engine")
+def _engine_names(tree: ast.AST) -> set[str]:
+    """`engine`, and any name bound to `Engine(...)` or an argument annotated `Engine`, in the module."""
+    names = {"engine"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                ast.unparse(node.value.func).split(".")[-1] == "Engine":
+            names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.arg) and node.annotation is not None and \
+                ast.unparse(node.annotation).strip("'\"").split(".")[-1] == "Engine":
+            names.add(node.arg)
+    return names
 
 
 def reaches_into_engine(source: str) -> list[tuple[int, str]]:
     """(line, what) for each touch of the engine's own attributes in `source`."""
     tree = ast.parse(source)
+    names = _engine_names(tree)
+
+    def _is_engine(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id in names) or (
+            isinstance(node, ast.Attribute) and node.attr == "engine")
+
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found = []
     for node in ast.walk(tree):
@@ -59,8 +74,11 @@ engine.outbox.clear()
 getattr(engine, "splits")
 engine.submit(job, 0)
 other.channels
+e = Engine({}, ["cpu"])
+e.devices[0]
+def f(core: "dynbatchd.engine.Engine"): return core.splits
 """
-    assert sorted(line for line, _ in reaches_into_engine(source)) == [2, 3, 6, 7]
+    assert sorted(line for line, _ in reaches_into_engine(source)) == [2, 3, 6, 7, 11, 12]
 
 
 def test_no_module_outside_the_engine_touches_its_state():
