@@ -14,7 +14,6 @@ import msgspec
 from dynbatchd import protocol as P
 from dynbatchd.daemonhost import DaemonHost
 from dynbatchd.engine import Answer
-from dynbatchd.hookspecs import RequestInfo
 from dynbatchd.transport import validate as validate_request
 
 
@@ -44,14 +43,21 @@ def not_utf8(request: P.Request) -> str | None:
 class LocalEnvelope(list):
     """Where the answer of a request from an in-process front door goes: a future, not a socket.
     Its one element stands for the client identity (unique per request), as a ZeroMQ envelope's.
-    `tenant`: the tenant the door authenticated (an HTTP API key's), or None. `chunks`: a streamed
-    request's queue (`LocalDoor.stream`), which gets each chunk and then the final answer; else None."""
-    __slots__ = ("future", "tenant", "chunks")
+    `tenant`: the tenant the door authenticated (an HTTP API key's), or None. `channels`: where
+    that key may send (empty: anywhere), which the daemon's intake checks against the channel it
+    routes to (`RequestMeta.allowed_channels`). `chunks`: a streamed request's queue
+    (`LocalDoor.stream`), which gets each chunk and then the final answer; else None."""
+    __slots__ = ("future", "tenant", "channels", "chunks")
+
+    def __init__(self, identity: Any = (), tenant: str | None = None, channels: tuple[str, ...] = (),
+                 chunks: asyncio.Queue | None = None):
+        super().__init__(identity)
+        self.future, self.tenant, self.channels, self.chunks = None, tenant, channels, chunks
 
     def push(self, chunk: P.Chunk) -> None:
         """A chunk of a streamed request's answer, before its final one (which comes through `settle`).
         Dropped for a request submitted with `LocalDoor.infer`: it waits for the final answer only."""
-        if (chunks := getattr(self, "chunks", None)) is not None:   # (unset in an envelope a test makes)
+        if (chunks := self.chunks) is not None:
             chunks.put_nowait(chunk)
 
     def settle(self, answer: Answer) -> None:
@@ -61,7 +67,7 @@ class LocalEnvelope(list):
         future, self.future = self.future, None
         if future is not None and not future.done():
             future.set_result(answer)
-            if (chunks := getattr(self, "chunks", None)) is not None:
+            if (chunks := self.chunks) is not None:
                 chunks.put_nowait(answer)
 
 
@@ -145,7 +151,8 @@ class LocalDoor:
     def infer(self, request: P.Request, *, tenant: str | None = None, channels: tuple[str, ...] = ()) -> LocalAnswer:
         """Submit `request` as if it came in over ZeroMQ; the future gets its one answer. `tenant`:
         the tenant the door authenticated (it may then reach isolated channels as that tenant);
-        `channels`: where the caller may send (empty: anywhere), else it is refused."""
+        `channels`: where the caller may send (empty: anywhere), else the intake refuses it
+        (routed once, by the daemon's intake)."""
         return self._submit(request, tenant, channels, None)
 
     def stream(self, request: P.Request, *, tenant: str | None = None, channels: tuple[str, ...] = ()) -> LocalStream:
@@ -161,8 +168,7 @@ class LocalDoor:
     def _submit(self, request: P.Request, tenant: str | None, channels: tuple[str, ...],
                 chunks: asyncio.Queue | None) -> LocalAnswer:
         self._seq += 1
-        envelope = LocalEnvelope([b"local:%d" % self._seq])
-        envelope.tenant, envelope.chunks = tenant, chunks
+        envelope = LocalEnvelope([b"local:%d" % self._seq], tenant, channels, chunks)
         envelope.future = future = LocalAnswer(loop=asyncio.get_running_loop())
         future.identity, future.request_id = envelope[0], request.id
         problem = validate_request(request, [])
@@ -172,20 +178,9 @@ class LocalDoor:
             envelope.settle(Answer(None, P.BAD_REQUEST, problem))
         elif self._daemon.state == "starting":   # the door opens before the models load (probes)
             envelope.settle(Answer(None, P.UNAVAILABLE, "daemon is starting: its models are still loading"))
-        elif channels and (channel := self._channel(request)) is not None and channel not in channels:
-            envelope.settle(Answer(None, P.REFUSED, f"this API key may not send to channel {channel!r}"))
         else:
             self._daemon.on_request(envelope, request, [])
         return future
-
-    def _channel(self, request: P.Request) -> str | None:
-        """The channel the daemon's routing picks for `request` (None for an unknown model)."""
-        daemon = self._daemon
-        if request.model not in daemon.config.models:
-            return None
-        info = RequestInfo(request.model, tuple(request.tags), request.request_type, request.user_frequency,
-                           P.estimate_tokens(request), request.priority, request.tenant, request.user)
-        return daemon.plugins.channel_for(info, daemon.config)
 
     def withdraw(self, future: LocalAnswer) -> None:
         """Withdraw the request `future` answers, as a ZeroMQ client's cancel does: still queued, it

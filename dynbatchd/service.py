@@ -199,12 +199,12 @@ class Daemon:
         if self.state not in ("serving", "unavailable"):
             self._reject(envelope, request, P.SHUTTING_DOWN, "daemon is shutting down")
             return
-        # Its metadata (written out: one call less a request): the CURVE key's name only for a socket's client
-        # (a front door has no key; an HTTP door's `LocalEnvelope` carries its key's tenant).
+        # Written out (one call less a request): a socket client's CURVE key, or a door's API key tenant and channels
+        door = isinstance(envelope, LocalEnvelope)
         meta = RequestMeta(request.model, P.estimate_tokens(request), tuple(request.tags), request.request_type,
-                           request.user_frequency, request.priority, request.tenant, getattr(envelope, "tenant", None),
-                           None if isinstance(envelope, LocalEnvelope) else front.peer, request.user, request.text,
-                           request.deadline_ms)
+                           request.user_frequency, request.priority, request.tenant, envelope.tenant if door else None,
+                           None if door else front.peer, request.user, request.text, request.deadline_ms, None,
+                           envelope.channels if door else ())
         admitted = self.intake.admit(meta, Pending(envelope, request, frames))
         if isinstance(admitted, Refusal):
             if admitted.rule is not None:

@@ -26,7 +26,8 @@ class RequestMeta(msgspec.Struct, frozen=True, gc=False):
     """What the intake knows of one request: never the payload. `tenant`: the request's claim;
     `key_tenant`: the tenant an HTTP API key proved; `peer`: the CURVE key's name (None: no key,
     e.g. a front door); `channel`: set by a caller that names its channel (a simulated arrival),
-    which skips routing; `deadline_ms` None or 0: the channel's deadline."""
+    which skips routing; `deadline_ms` None or 0: the channel's deadline; `allowed_channels`: where
+    an HTTP API key may send (empty: anywhere), checked against the channel routing picks."""
     model: str
     tokens: int = 0
     tags: tuple[str, ...] = ()
@@ -40,6 +41,7 @@ class RequestMeta(msgspec.Struct, frozen=True, gc=False):
     text: str | None = None
     deadline_ms: float | None = None
     channel: str | None = None
+    allowed_channels: tuple[str, ...] = ()
 
 
 class Refusal(NamedTuple):
@@ -98,7 +100,8 @@ class Intake:
                    admit_check=plugins.admit if plugins.has_admission_checks else None, **kwargs)
 
     def admit(self, meta: RequestMeta, payload: Any = None) -> Job | Refusal:
-        """A Job to submit, or why not (in the daemon's order: model, routing, tenancy, compliance, quota)."""
+        """A Job to submit, or why not (in the daemon's order: model, routing and the API key's
+        channels, tenancy, compliance, quota)."""
         model, models = meta.model, self._models
         if models is not None and model not in models:
             return Refusal(P.UNKNOWN_MODEL, f"no model named {model!r}")
@@ -108,6 +111,8 @@ class Intake:
         info = RequestInfo(model, meta.tags, meta.request_type, meta.user_frequency, meta.tokens,
                            meta.priority, tenant, meta.user)
         channel = meta.channel or self.route(info, config)
+        if meta.allowed_channels and channel not in meta.allowed_channels:
+            return Refusal(P.REFUSED, f"this API key may not send to channel {channel!r}", None, channel, tenant)
         settings = self._channels[channel]
         key_tenants = self._key_tenants
         if key_tenants and self.curve and settings.isolated:

@@ -16,6 +16,9 @@ from test_http_generate import FakeHost, Quotas, final, sse
 
 from dynbatchd import httpkeys
 from dynbatchd import protocol as P
+from dynbatchd.config import ChannelSettings
+from dynbatchd.engine import Answer
+from dynbatchd.engine.intake import Intake, Refusal, RequestMeta, sim_config
 from dynbatchd_plugins.http_config import HttpSettings
 from dynbatchd.doors import LocalDoor
 from dynbatchd_plugins.http import HttpDoor
@@ -103,9 +106,29 @@ def test_a_keys_tenant_is_the_requests_whole_or_streamed(tmp_path, stream):
         assert msgspec.json.decode(data)["choices"][0]["text"] == "a"
 
 
+class IntakeHost(FakeHost):
+    """A fake host that admits each request through a real intake (routing everything to
+    "standard"), as the daemon's on_request does, and settles its refusal."""
+
+    def on_request(self, envelope, request, frames):
+        intake = Intake(sim_config({"standard": ChannelSettings(max_batch=1, window_ms=0, deadline_ms=1000)}),
+                        lambda info, config: "standard")
+        admitted = intake.admit(RequestMeta(request.model, tenant=request.tenant, key_tenant=envelope.tenant,
+                                            allowed_channels=envelope.channels))
+        if isinstance(admitted, Refusal):
+            self.refusals.append(admitted)
+            envelope.settle(Answer(None, admitted.code, admitted.message))
+        else:
+            super().on_request(envelope, request, frames)
+
+
 def test_a_key_bound_to_other_channels_is_refused_403_before_the_stream(tmp_path):
+    """The door hands the key's channels to the daemon, whose intake routes once and refuses."""
     key = httpkeys.create(tmp_path, "alice", "bank-a", ["vault"])
-    host = keyed_host(tmp_path, channel="standard")
+    host = IntakeHost()
+    host.config.daemon.keys_dir, host.quotas, host.refusals = str(tmp_path), Quotas(), []
     status, data = serve(host, lambda door: ask(door, "/v1/chat/completions", CHAT, key))
     assert status == 403 and msgspec.json.decode(data)["error"]["code"] == P.REFUSED
-    assert host.requests == []
+    assert [(r.code, r.channel, r.message) for r in host.refusals] == [
+        (P.REFUSED, "standard", "this API key may not send to channel 'standard'")]
+    assert host.requests == []   # no generation started
