@@ -65,7 +65,7 @@ def open_slots(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_n
         if not d.usable or d.held >= d.feeders + inflight - 1 or _opens_at(d, now_ns, lead_ns) > now_ns:
             continue   # (not usable, full, or its slot opens later; `full` written out: this runs per pass)
         free += 1
-        wait = max(0, d.free_at_ns - now_ns) if d.held else 0
+        wait = max(1, d.free_at_ns - now_ns) if d.held else 0   # (holding work, however overdue: not idle)
         soonest = wait if soonest is None else min(soonest, wait)
     return free, soonest or 0
 

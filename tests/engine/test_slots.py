@@ -98,3 +98,13 @@ def test_a_device_whose_feeder_prepares_for_8_ms_opens_its_queued_slot_8_ms_earl
     assert open_slots([pipelined], 92 * MS, inflight=2, lead_ns=1 * MS) == (1, 8 * MS)
     assert next_opening_ns([plain], 0, inflight=2, lead_ns=1 * MS) == 99 * MS
     assert next_opening_ns([pipelined], 0, inflight=2, lead_ns=1 * MS) == 92 * MS
+
+
+def test_a_device_still_holding_a_batch_past_its_estimate_is_not_idle():
+    # A batch whose cost was never learned (a rare bulk batch estimated at nothing) may still run
+    # long after its estimated end: the device may queue the next batch, but it cannot start it
+    # at once, so the scheduler is never told a device idles (a planned channel's window would
+    # then stop holding for it, and its batch wait seconds behind the bulk one).
+    overdue = [DeviceView(1, 5 * MS)]
+    assert open_slots(overdue, 10 * MS, 2, LEAD) == (1, 1)
+    assert open_slots(overdue + [DeviceView(0, 0)], 10 * MS, 2, LEAD) == (2, 0)   # an idle one beside it
