@@ -152,8 +152,9 @@ class Channel(Admission, Planning):
         window_end = lane.opened_ns + window
         if free_slots > 0 and busy_ns <= 0 and self.plans_by_size():
             window_end = min(window_end, lane.opened_ns + self.idle_hold_ns())
-        # Close early when waiting longer would make the most urgent request miss.
-        urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens)
+        # Close early when waiting longer would make the most urgent request miss (1 ns sooner than
+        # the truncated estimate says: the plan cut then checks the same batch without truncating).
+        urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens) - 1
         return min(window_end, urgent)
 
     def idle_hold_ns(self) -> int:

@@ -184,3 +184,22 @@ def test_a_channel_whose_requests_cost_by_count_keeps_its_whole_window_on_an_idl
     assert not channel.plans_by_size()
     assert channel.offer(item(0, 0, 1000), 0)
     assert s.next_wakeup(0, free_slots=1) == 100 * MS
+
+
+def test_a_window_closes_when_waiting_longer_would_make_its_batch_miss_the_earliest_deadline():
+    # The rule under every window, by the learned cost of the lane as one batch, tokens included:
+    # two requests of 4,000 tokens take 8 + 2 x 0.5 + 8,000 x 0.002 = 25 ms together; the earlier
+    # is due at 60 ms, so the batch closes at 35 ms, not when the window (100 ms) ends. (The channel
+    # has seen two requests: its running mean is still far below 4,000 tokens, it does not plan by
+    # size, and so no idle-device cap closes the window sooner.)
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=32, window_ms=100)}))
+    taught(s)
+    channel = s.channels["c"]
+    first, second = item(0, 4000, 60), item(1, 4000, 500)
+    assert channel.offer(first, 0) and channel.offer(second, MS)
+    assert not channel.plans_by_size()
+    close = s.next_wakeup(MS, free_slots=1)
+    assert 35 * MS - 2 <= close < 35 * MS    # (a ns or two for the estimate's rounding)
+    assert s.poll(close - 1, free_slots=1).batches == []
+    [batch] = s.poll(close, free_slots=1).batches
+    assert batch.items == [first, second]
