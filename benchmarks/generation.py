@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynbatchd.generation.batching import ChannelTargets, GenerationScheduler
-from dynbatchd.generation.kv import KVLedger, kv_budget_bytes, kv_bytes_per_token
+from dynbatchd.generation.batching import ChannelTargets
+from dynbatchd.generation.kv import kv_budget_bytes, kv_bytes_per_token
 from dynbatchd.generation.simulation import GenerationLatency, k12_workload, mixed_workload, simulate_generation
 from dynbatchd.memory import model_dims
 
