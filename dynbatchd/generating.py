@@ -19,6 +19,7 @@ from typing import Any
 
 from dynbatchd import protocol as P
 from dynbatchd.engine import OK, Answer
+from dynbatchd.generation.batching import ENDED_WELL
 from dynbatchd.telemetry import Histogram
 
 log = logging.getLogger("dynbatchd")
@@ -185,7 +186,7 @@ class Generations:
                           batch_size=1, channel=run.channel, device=device,
                           ttft_us=end.ttft_us + max(0, total_us - end.total_us),
                           tpot_us=end.tpot_us, preemptions=end.preemptions)
-        if end.reason in ("length", "stop"):
+        if end.reason in ENDED_WELL:
             self.ttft.setdefault(run.channel, Histogram()).record(timing.ttft_us)
             if end.output_tokens > 1:
                 self.tpot.setdefault(run.channel, Histogram()).record(end.tpot_us)

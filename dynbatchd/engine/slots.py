@@ -62,8 +62,8 @@ def open_slots(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_n
     """
     free, soonest = 0, None
     for d in devices:
-        if not d.usable or d.held >= d.feeders + inflight - 1 or _opens_at(d, now_ns, lead_ns) > now_ns:
-            continue   # (not usable, full, or its slot opens later; `full` written out: this runs per pass)
+        if not d.usable or d.full(inflight) or _opens_at(d, now_ns, lead_ns) > now_ns:
+            continue
         free += 1
         wait = max(1, d.free_at_ns - now_ns) if d.held else 0   # (holding work, however overdue: not idle)
         soonest = wait if soonest is None else min(soonest, wait)
@@ -84,8 +84,8 @@ def pick_device(devices: Sequence[DeviceView], now_ns: int, inflight: int, lead_
     device that can start it soonest)."""
     best, best_key = None, None
     for i, d in enumerate(devices):
-        if not d.usable or d.held >= d.feeders + inflight - 1 or _opens_at(d, now_ns, lead_ns) > now_ns:
-            continue   # (as in `open_slots`)
+        if not d.usable or d.full(inflight) or _opens_at(d, now_ns, lead_ns) > now_ns:
+            continue
         start = max(d.free_at_ns, now_ns) if d.held else now_ns
         key = (start + (run_ns(i) if run_ns else 0), d.held)
         if best_key is None or key < best_key:

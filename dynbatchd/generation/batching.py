@@ -35,6 +35,9 @@ from dynbatchd.generation.kv import KVLedger
 MODES = ("continuous", "static")
 
 
+ENDED_WELL = ("length", "stop")   # the reasons a generation ends with its answer (not cut short)
+
+
 @dataclass(frozen=True)
 class ChannelTargets:
     """A channel's class and latency targets: time to first token, time per output token."""
@@ -42,6 +45,12 @@ class ChannelTargets:
     priority: int = 0
     ttft_ms: float = 2000.0
     tpot_ms: float = 200.0
+
+    def met(self, reason: str, ttft_ms: float | None, tpot_ms: float | None) -> bool:
+        """Whether a request that ended for `reason` with these timings counts as goodput: ended
+        well, within both targets (the simulator's and the CPU replay's one definition)."""
+        return (reason in ENDED_WELL and ttft_ms is not None and tpot_ms is not None
+                and ttft_ms <= self.ttft_ms and tpot_ms <= self.tpot_ms)
 
 
 @dataclass(frozen=True)

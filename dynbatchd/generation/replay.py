@@ -15,10 +15,8 @@ from statistics import median
 from typing import Any, Callable
 
 from dynbatchd import protocol as P
-from dynbatchd.generation.batching import ChannelTargets, GenRequest
+from dynbatchd.generation.batching import ENDED_WELL, ChannelTargets, GenRequest
 from dynbatchd.generation.serving import GenerationLoop
-
-GOOD = ("length", "stop")
 
 
 @dataclass(frozen=True)
@@ -60,8 +58,7 @@ class RunReport:
 
     def met(self, end: P.GenEnd) -> bool:
         """Ended well, within its channel's TTFT (from arrival) and mean TPOT."""
-        t = self.targets[self.channel_of[end.job]]
-        return end.reason in GOOD and self.ttft_ms(end) <= t.ttft_ms and end.tpot_us / 1000 <= t.tpot_ms
+        return self.targets[self.channel_of[end.job]].met(end.reason, self.ttft_ms(end), end.tpot_us / 1000)
 
     @property
     def met_count(self) -> int:
@@ -78,7 +75,7 @@ class RunReport:
 
     @property
     def ttft_p50_ms(self) -> float:
-        good = [self.ttft_ms(e) for e in self.ends if e.reason in GOOD]
+        good = [self.ttft_ms(e) for e in self.ends if e.reason in ENDED_WELL]
         return median(good) if good else float("nan")
 
 

@@ -80,9 +80,7 @@ class SimulationReport:
     targets: dict[str, ChannelTargets] = field(default_factory=dict)
 
     def met(self, f: Finished) -> bool:
-        t = self.targets[f.channel]
-        return (f.reason in ("length", "stop") and f.ttft_ms is not None and f.ttft_ms <= t.ttft_ms
-                and f.tpot_ms <= t.tpot_ms)
+        return self.targets[f.channel].met(f.reason, f.ttft_ms, f.tpot_ms)
 
     @property
     def output_tokens(self) -> int:

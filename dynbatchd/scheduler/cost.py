@@ -51,27 +51,20 @@ class CostModel:
 
     # -- learning -----------------------------------------------------------
     def observe(self, size: int, tokens: int, compute_ns: int, now_ns: int | None = None) -> None:
-        # This runs once a batch on the daemon's result path: the estimate, the sums and the
-        # dispute check are written out here rather than called (the same arithmetic as
-        # `estimate_ns` and `_add`, which the rare paths still use).
         n, k, t = float(size), float(tokens), float(max(1, compute_ns))
         recent = self._recent
         recent.append((n, k, t))
         direction = 0
         lo, hi = self._seen
         if lo[0] <= n <= hi[0] and lo[1] <= k <= hi[1]:   # (beyond what it has seen, the fit only guesses)
-            base, per_item, per_token = self._coef
-            ratio = t / max(1.0, int(base + per_item * n + per_token * k))
+            ratio = t / max(1.0, self.estimate_ns(size, tokens))
             direction = 1 if ratio > self.OUTLIER else -1 if ratio < 1 / self.OUTLIER else 0
         else:
             self._seen = ((min(lo[0], n), min(lo[1], k)), (max(hi[0], n), max(hi[1], k)))
         refit = not direction
         if refit:
             self._surprises = 0
-            f = self.forget
-            w, sn, sk, nn, nk, kk, st, nt, kt = self._sums
-            self._sums = [w * f + 1.0, sn * f + n, sk * f + k, nn * f + n * n, nk * f + n * k, kk * f + k * k,
-                          st * f + t, nt * f + n * t, kt * f + k * t]
+            self._add(n, k, t)
         elif (self._surprises > 0) == (direction > 0) and self._surprises:
             self._surprises += direction
         else:
@@ -91,22 +84,30 @@ class CostModel:
         if refit:   # (a batch left out changes no sum: the fit stands)
             self._coef = _nnls(self._sums)
         self.settled = self.samples >= self.SETTLED_AFTER
-        base, per_item, per_token = self._coef
-        self.tokens_matter = per_token > 0 or not self.settled
-        disputed = False
-        if len(recent) >= 3:   # the median ratio of fit to measured is above DISPUTE when more than half are (no sort)
-            over, limit = 0, self.DISPUTE
-            for n, k, t in recent:
-                if base + per_item * n + per_token * k > limit * t:
-                    over += 1
-            disputed = over > (len(recent) - 1) // 2
+        self.tokens_matter = self._coef[2] > 0 or not self.settled
+        disputed = self._overestimates_recent()
         if disputed and not self.disputed:
             self.disputes += 1
         self.disputed = disputed
 
     def _add(self, n: float, k: float, t: float) -> None:
-        f = self.forget
-        self._sums = [a * f + v for a, v in zip(self._sums, (1.0, n, k, n * n, n * k, k * k, t, n * t, k * t))]
+        f = self.forget   # (written out, not zipped: this runs once a batch on the daemon's result path)
+        w, sn, sk, nn, nk, kk, st, nt, kt = self._sums
+        self._sums = [w * f + 1.0, sn * f + n, sk * f + k, nn * f + n * n, nk * f + n * k, kk * f + k * k,
+                      st * f + t, nt * f + n * t, kt * f + k * t]
+
+    def _overestimates_recent(self) -> bool:
+        """Whether the fit overestimates most recent batches: the median ratio of fit to measured is
+        above DISPUTE when more than half of them are (counted, no sort)."""
+        recent = self._recent
+        if len(recent) < 3:
+            return False
+        base, per_item, per_token = self._coef
+        over, limit = 0, self.DISPUTE
+        for n, k, t in recent:
+            if base + per_item * n + per_token * k > limit * t:
+                over += 1
+        return over > (len(recent) - 1) // 2
 
     # -- reading ------------------------------------------------------------
     def coefficients(self) -> tuple[float, float, float]:
