@@ -88,9 +88,14 @@ COUNT_TOLERANCE_MIN = 2
 # (the simulator with every window 0.5 ms longer gives 1.03 standard / 1.05 realtime: the timer
 # rounding is most of it), up to 1.15 with the rest of the suite and other work alongside
 # (1.0-1.7 of the 2 cores busy with other processes; "other load" in the printed table).
-# Allowed: 0.97-1.20. A simulated device 2x slower than the live one gives 0.87 (realtime),
-# 3x 0.62-0.68 (both channels): both fail; 1.5x (~0.98) is within what this test can resolve.
-MEAN_BATCH_LOW, MEAN_BATCH_HIGH = 0.97, 1.20
+# Since ea5c511 the standard channel (tokens outweigh items: it plans by size) holds an idle device
+# no longer than its learned base cost: ~2 ms simulated, 2.2-2.35 ms live, and the timer's rounding
+# up to a whole millisecond lands on that short hold, not on the 15 ms window: quiet, live / simulated
+# reads 1.20-1.29 for standard (2.36-2.54 against 1.97), realtime unchanged.
+# Allowed: 0.97-1.40 (the low side is the one that catches a wrong model). A simulated device 2x
+# slower than the live one gives 0.87 (realtime), 3x 0.62-0.68 (both channels): both fail; 1.5x
+# (~0.98) is within what this test can resolve.
+MEAN_BATCH_LOW, MEAN_BATCH_HIGH = 0.97, 1.40
 # On-time share (of every request offered: expired and overloaded count as misses): the count
 # tolerance as a share, doubled for late completions; measured identical in the same runs.
 ON_TIME_TOLERANCE = 0.01
