@@ -45,6 +45,28 @@ def test_when_the_plan_is_late_the_largest_request_waits_not_the_latest():
     assert second.items == [c]
 
 
+def first_batch_of_a_late_single_batch_plan(deadline_ms: float) -> list[int]:
+    """MiniLM on one CPU core (7.65 ms + 0.53 ms a request + 0.25 ms a token; requests of ~10
+    tokens): [a, big, b] would end at 24.2 ms, past a's 20 ms; without `big` at 13.7 ms."""
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=32, window_ms=0, deadline_ms=deadline_ms)}))
+    cost = s.channels["c"].cost
+    for size, tokens in [(1, 8), (2, 24), (4, 40), (8, 90), (3, 20)] * 5:
+        cost.observe(size, tokens, int((7.65 + 0.53 * size + 0.25 * tokens) * MS), 0)
+    a, big, b = item(0, 10, 20), item(0, 40, 30), item(0, 10, 30)
+    for it in (a, big, b):
+        assert s.channels["c"].offer(it, 0)
+    s.channels["c"].mean_tokens = 10.0
+    [batch] = s.poll(0, free_slots=1).batches
+    return [it.tokens for it in batch.items]
+
+
+def test_a_channel_whose_deadline_is_shorter_than_a_full_batch_drops_nothing_from_a_single_batch_plan():
+    # 50 ms holds no full batch of 32 (~104 ms): `big` left out would wait out this batch and expire,
+    # so it runs (issue 30); with a 1 s deadline the plan drops it and it makes the next batch.
+    assert first_batch_of_a_late_single_batch_plan(50) == [10, 40, 10]
+    assert first_batch_of_a_late_single_batch_plan(1000) == [10, 10]
+
+
 def test_a_plan_that_fits_is_earliest_deadline_first_in_full_batches():
     s = Scheduler(build_channels({"c": ChannelSettings(max_batch=3, window_ms=0)}))
     taught(s)
