@@ -112,7 +112,7 @@ def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugin
                         for t, tokens in rows]
             run = dict(device=DEVICE, inflight=shipped.devices.inflight, queue_lead_ms=shipped.devices.queue_lead_ms,
                        window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(), plugins=plugins)
-            three = simulate(shipped.channels, arrivals, routing=shipped.routing, **run)
+            three = simulate(shipped.channels, arrivals, routing=config.table_of(shipped, "routing"), **run)
             by_channel = three.stats(by="channel")
             realtime, bulk = by_channel.get("realtime"), by_channel.get("bulk")
             rt = f"{realtime.on_time_fraction:.2%}" if realtime is not None and realtime.offered else "-"

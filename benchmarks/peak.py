@@ -25,7 +25,7 @@ import subprocess
 from pathlib import Path
 
 from dynbatchd.cache import ResultCache
-from dynbatchd.config import ChannelSettings, load as load_config
+from dynbatchd.config import ChannelSettings, load as load_config, table_of
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, simulate
 from dynbatchd.simulate.results import COMPLETED, quantile
@@ -75,10 +75,10 @@ def sales_peak(seconds: float = 60.0, cache_entries: int = CACHE_ENTRIES) -> lis
     channel = {"recommend": ChannelSettings(max_batch=BATCH, window_ms=10, deadline_ms=5_000, queue_limit=100_000)}
     plugins = Plugins.load()
     policies = plugins.cache_policies()
-    settings = load_config_defaults().cache
-    setups = [("untagged LRU (before)", policies["lru"](settings), False),
+    shipped = load_config_defaults()   # each policy reads its keys of [cache] from the config
+    setups = [("untagged LRU (before)", policies["lru"](shipped), False),
               ("frequency admission, untagged", None, False),
-              ("lifecycle tags + frequency admission", policies["lifecycle"](settings), True)]
+              ("lifecycle tags + frequency admission", policies["lifecycle"](shipped), True)]
     steady = int(seconds / 2 * 1e9)   # the second half: every setup's cache has warmed up
     refresh = [i for i, a in enumerate(arrivals) if a.label == "refresh" and a.at_ns >= steady]
     rows = []
@@ -151,7 +151,7 @@ def k12(normal_share: float = 0.2, hour_s: float = 60.0) -> list[dict]:
         DEVICE.per_item_ms + DEVICE.per_token_ms * 13_000)
     normal = normal_share * 1000 / (mean_cost_ms + DEVICE.base_ms / 16)
     arrivals = k12_arrivals(normal, hour_s)
-    r = simulate(config.channels, arrivals, device=DEVICE, routing=config.routing, plugins=plugins,
+    r = simulate(config.channels, arrivals, device=DEVICE, routing=table_of(config, "routing"), plugins=plugins,
                  window_policies=plugins.window_policies(), sizers=plugins.batch_sizers())
     rows = []
     for phase, start, end in (("normal hour", 0, hour_s), ("surge hour (+300%)", hour_s, 2 * hour_s)):

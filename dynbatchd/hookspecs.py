@@ -165,13 +165,16 @@ def dynbatchd_warmup(model: str, top_users: int, config: Config) -> WarmupJob | 
 def dynbatchd_cache_policies() -> dict[str, Any]:
     """Register result-cache policies by name.
 
-    Return ``{name: factory}``; ``factory(settings)`` gets the ``[cache]``
-    settings and returns a function from a `RequestInfo` to a `CacheRule`,
-    which the daemon (and the simulator) calls once per request that has a
-    text input and is not routed to an isolated channel (those are never
-    cached). ``[cache] policy`` selects one (default ``lifecycle``: request
-    type and user frequency steer it; ``lru``: every result kept, least
-    recently used out). Called once at start; merged like window policies.
+    Return ``{name: factory}``; ``factory(config)`` gets the whole validated
+    configuration, reads the settings it needs (a policy's own keys through
+    its plugin's config table, see ``dynbatchd_config_tables``: the built-in
+    ``lifecycle`` policy's ``[cache] refresh_types`` and ``rare_users``) and
+    returns a function from a `RequestInfo` to a `CacheRule`, which the
+    daemon (and the simulator) calls once per request that has a text input
+    and is not routed to an isolated channel (those are never cached).
+    ``[cache] policy`` selects one (default ``lifecycle``: request type and
+    user frequency steer it; ``lru``: every result kept, least recently used
+    out). Called once at start; merged like window policies.
     """
 
 
@@ -193,9 +196,18 @@ def dynbatchd_config_tables() -> dict[str, Any]:
 
     The struct may define ``check(self, config)`` for rules across keys and tables, raising
     `dynbatchd.errors.OptionError` with the key within its table. It may set a class
-    attribute ``table_key`` to own a top-level table the core keeps free-form for it instead
-    of ``[plugins.NAME]``: only the built-in HTTP plugin's ``[http]`` (`dynbatchd_plugins.http_config`),
-    spelled as configs always had it.
+    attribute ``table_key`` to own, instead of ``[plugins.NAME]``, either a top-level table
+    the core keeps free-form for it (only the built-in HTTP plugin's ``[http]``:
+    `dynbatchd_plugins.http_config`) or the keys of a shared table beyond the core's own
+    (``"routing"``, ``"compliance"``, ``"cache"``: `dynbatchd.config.shared`): the built-in
+    routing plugin owns ``[routing] rules`` (`dynbatchd_plugins.routing_config`), the
+    compliance plugin ``[compliance] regulated_tags`` and ``banking_max_window_ms``
+    (`dynbatchd_plugins.compliance_config`), the cache plugin ``[cache] refresh_types`` and
+    ``rare_users`` (`dynbatchd_plugins.cache`), all spelled as configs always had them. One
+    plugin's struct per ``table_key``: two are an error. A key of a shared table that is
+    neither the core's nor a loaded plugin's is refused as an unknown field. A hook that runs
+    per request and reads such a table converts it once per config
+    (`dynbatchd.config.PerConfig`), not per request.
     """
 
 

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import pluggy
 
 from dynbatchd import hookspecs
+from dynbatchd.config.schema import SHARED_TABLES
+from dynbatchd.config.shared import plugin_keys_of
 from dynbatchd.errors import ConfigError, DynbatchdError, OptionError
 from dynbatchd.hookspecs import RequestInfo, Violation, WarmupJob
 
@@ -157,14 +159,25 @@ class Plugins:
         return self._registry(self.pm.hook.dynbatchd_cache_policies, "cache policy")
 
     def config_tables(self) -> dict[str, type]:
-        """``{name: struct type}`` of the tables plugins own (`dynbatchd_config_tables`)."""
-        return self._registry(self.pm.hook.dynbatchd_config_tables, "config table")
+        """``{name: struct type}`` of the tables plugins own (`dynbatchd_config_tables`); two that
+        claim one top-level table (``table_key``) are a PluginError."""
+        tables = self._registry(self.pm.hook.dynbatchd_config_tables, "config table")
+        claimed: dict[str, str] = {}
+        for name, typ in tables.items():
+            key = getattr(typ, "table_key", "")
+            if key and claimed.setdefault(key, name) != name:
+                raise PluginError(f"config tables {claimed[key]!r} and {name!r} both claim [{key}]")
+        return tables
 
     @staticmethod
     def _where(config: Any, name: str, typ: type) -> tuple[str, Any]:
-        """(key, raw table) of NAME: ``[plugins.NAME]``, or the top-level table a struct claims
-        with ``table_key``: one the core keeps free-form for its plugin (today the HTTP plugin's ``[http]``)."""
+        """(key, raw table) of NAME: ``[plugins.NAME]``, or what a struct claims with ``table_key``:
+        the plugins' keys of a shared table (``[routing]``, ``[compliance]``, ``[cache]``:
+        `dynbatchd.config.shared`), or a top-level table the core keeps free-form for its plugin
+        (the HTTP plugin's ``[http]``)."""
         key = getattr(typ, "table_key", "")
+        if key in SHARED_TABLES:
+            return key, plugin_keys_of(config, key)
         if key:
             if not isinstance(getattr(config, key, None), dict):
                 raise PluginError(f"config table {name!r} claims [{key}], which the core keeps for no plugin")
@@ -182,8 +195,15 @@ class Plugins:
 
     def check_tables(self, config: Any) -> None:
         """Every owned table of `config` converts (`table`) and passes its struct's ``check(config)``
-        (rules across tables, raising OptionError with the key within the table), or the first ConfigError."""
-        for name, typ in self.config_tables().items():
+        (rules across tables, raising OptionError with the key within the table), or the first ConfigError.
+        A key of a shared table that is neither the core's nor a loaded plugin's is an unknown field."""
+        tables = self.config_tables()
+        claimed = {getattr(typ, "table_key", "") for typ in tables.values()}
+        for table, keys in (getattr(config, "plugin_keys", None) or {}).items():
+            if keys and table not in claimed:
+                raise ConfigError(config.source, table, f"object contains unknown field `{next(iter(keys))}` "
+                                  "(the core has no such key, and no loaded plugin owns one)")
+        for name, typ in tables.items():
             key, _ = self._where(config, name, typ)
             if key != f"plugins.{name}" and name in config.plugins:
                 raise ConfigError(config.source, f"plugins.{name}", f"this table is spelled [{key}]")

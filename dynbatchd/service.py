@@ -71,7 +71,7 @@ class Daemon:
         self.state = "starting"
         self.cache = ResultCache(config.cache.entries, config.cache.max_bytes) if config.cache.entries else None
         # `is not None`: an empty cache has len 0, and the policy must apply from the first request
-        self.cache_rule = plugins.cache_policies()[config.cache.policy](config.cache) if self.cache is not None else None
+        self.cache_rule = plugins.cache_policies()[config.cache.policy](config) if self.cache is not None else None
         self.cache_ops = CacheOperations(self)   # the sketch, warmup and erasure
         self.top_users = self.cache_ops.load_top_users(config)   # texts only for the cache; users as keyed hashes
         self.tenant_answers = TenantAnswers(models=config.models)   # for /metrics: top tenants + (other)

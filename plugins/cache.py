@@ -11,19 +11,42 @@
 Every request may be answered from the cache. `lru` keeps every result and
 drops the least recently used: the untagged baseline the sales-peak scenario
 compares against.
+
+``refresh_types`` and ``rare_users`` are this plugin's keys of the shared ``[cache]``
+table (`LifecycleSettings`, declared through `dynbatchd_config_tables`); the core keeps
+``entries``, ``max_bytes``, ``policy`` and ``warmup_channel``.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, ClassVar
+
+import msgspec
 
 from dynbatchd.cache import AGAIN, ALWAYS, FILTER
+from dynbatchd.config import Frozen, convert, plugin_keys_of
 from dynbatchd.hookspecs import CacheRule, RequestInfo, hookimpl
 
 Policy = Callable[[RequestInfo], CacheRule]
 
 
-def lifecycle(settings) -> Policy:
+class LifecycleSettings(Frozen, kw_only=True):
+    """The ``lifecycle`` policy's keys of ``[cache]``: request types always kept, user frequencies
+    kept only once asked again."""
+    table_key: ClassVar[str] = "cache"   # keys of the shared [cache], beside the core's
+
+    refresh_types: list[str] = msgspec.field(default_factory=lambda: ["session_refresh"])
+    rare_users: list[str] = msgspec.field(default_factory=lambda: ["rare"])
+
+
+def lifecycle_settings(config: Any) -> LifecycleSettings:
+    """``[cache]``'s lifecycle keys of `config` as their struct (the defaults where none is set)."""
+    return convert(plugin_keys_of(config, "cache"), LifecycleSettings, getattr(config, "source", "<memory>"),
+                   LifecycleSettings.table_key)
+
+
+def lifecycle(config: Any) -> Policy:
+    settings = lifecycle_settings(config)
     rare, refresh = frozenset(settings.rare_users), frozenset(settings.refresh_types)
     again, always, filtered = CacheRule(store=AGAIN), CacheRule(store=ALWAYS), CacheRule(store=FILTER)
 
@@ -34,7 +57,7 @@ def lifecycle(settings) -> Policy:
     return rule
 
 
-def lru(settings) -> Policy:
+def lru(config: Any) -> Policy:
     always = CacheRule(store=ALWAYS)
     return lambda request: always
 
@@ -42,3 +65,8 @@ def lru(settings) -> Policy:
 @hookimpl
 def dynbatchd_cache_policies() -> dict[str, object]:
     return {"lifecycle": lifecycle, "lru": lru}
+
+
+@hookimpl
+def dynbatchd_config_tables() -> dict[str, type]:
+    return {"cache": LifecycleSettings}

@@ -7,11 +7,19 @@
 - Request: a request tagged with a regulated tag is refused unless routing put
   it in an isolated channel, so its data never shares a batch with another
   tenant's.
+
+The two keys are this plugin's, in the shared ``[compliance]`` table
+(`dynbatchd_plugins.compliance_config`). A channel carries a tag when its ``carries``
+names it or a routing rule of the routing plugin sends that tag to it
+(`dynbatchd.config.channels_carrying`).
 """
 
 from __future__ import annotations
 
+from dynbatchd.config import PerConfig, channels_carrying
 from dynbatchd.hookspecs import RequestInfo, Violation, hookimpl
+from dynbatchd_plugins.compliance_config import compliance_rules, dynbatchd_config_tables  # noqa: F401  (its keys)
+from dynbatchd_plugins.routing_config import routing_rules
 
 PLUGIN = "compliance"
 
@@ -19,16 +27,17 @@ PLUGIN = "compliance"
 @hookimpl
 def dynbatchd_check_config(config) -> list[Violation]:
     found = []
-    limit = config.compliance.banking_max_window_ms
-    for name in sorted(config.channels_carrying("banking")):
+    rules, routes = compliance_rules(config), routing_rules(config).rules
+    limit = rules.banking_max_window_ms
+    for name in sorted(channels_carrying(config.channels, "banking", routes)):
         channel = config.channels[name]
         if channel.window_ms > limit:
             found.append(Violation(
                 f"channels.{name}.window_ms",
                 f"channel carries banking traffic, so its window may not exceed {limit:g} ms "
                 f"(SLA clause 3.2); it is {channel.window_ms:g} ms", PLUGIN))
-    for tag in config.compliance.regulated_tags:
-        for name in sorted(config.channels_carrying(tag)):
+    for tag in rules.regulated_tags:
+        for name in sorted(channels_carrying(config.channels, tag, routes)):
             if not config.channels[name].isolated:
                 found.append(Violation(
                     f"channels.{name}.isolated",
@@ -36,12 +45,17 @@ def dynbatchd_check_config(config) -> list[Violation]:
     return found
 
 
+REGULATED = PerConfig(lambda config: frozenset(compliance_rules(config).regulated_tags))   # once per config
+
+
 @hookimpl
 def dynbatchd_admit(request: RequestInfo, channel: str, config) -> str | None:
     if not request.tags:
         return None
-    regulated = [t for t in request.tags if t in config.compliance.regulated_tags]
-    if regulated and not config.channels[channel].isolated:
-        return (f"request tagged {regulated[0]!r} was routed to channel {channel!r}, which is not "
+    last = REGULATED.last
+    regulated = last[1] if last[0] is config else REGULATED(config)
+    hits = [t for t in request.tags if t in regulated]
+    if hits and not config.channels[channel].isolated:
+        return (f"request tagged {hits[0]!r} was routed to channel {channel!r}, which is not "
                 f"isolated; regulated data is batched only in isolated channels")
     return None

@@ -1,12 +1,18 @@
 """Route by the `[routing]` rules of the config: first matching rule wins.
 
+The rules are this plugin's keys of the shared ``[routing]`` table (`dynbatchd_plugins.routing_config`:
+their shape and rules); the core keeps ``[routing] default``, where a request no rule matches goes.
 The shipped config encodes the guide's K12 routing: tokens > 8192 -> bulk,
 tag ``urgent`` -> realtime, everything else -> the default (standard).
 """
 
 from __future__ import annotations
 
+from dynbatchd.config import PerConfig
 from dynbatchd.hookspecs import RequestInfo, hookimpl
+from dynbatchd_plugins.routing_config import dynbatchd_config_tables, routing_rules  # noqa: F401  (rules)
+
+RULES = PerConfig(lambda config: routing_rules(config).rules)   # converted once per config, not per request
 
 
 def matches(rule, request: RequestInfo) -> bool:
@@ -28,7 +34,8 @@ def matches(rule, request: RequestInfo) -> bool:
 
 @hookimpl(trylast=True)
 def dynbatchd_route(request: RequestInfo, config) -> str | None:
-    for rule in config.routing.rules:
+    last = RULES.last
+    for rule in last[1] if last[0] is config else RULES(config):
         if matches(rule, request):
             return rule.channel
     return None

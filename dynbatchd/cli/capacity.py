@@ -53,7 +53,8 @@ def build(config: Path | None, requests_per_day: str, peak_factor: float, durati
             raise ValueError("--compare-profile, --trace and --out are not modelled for a generative config")
         return generative_capacity(cfg, path, traffic, profile, target, scenario or "mixed")
     targets = cap.targets_for(cfg.channels, target, priority_target)
-    sim = dict(inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms, routing=cfg.routing,
+    sim = dict(inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms,
+               routing=cfgmod.table_of(cfg, "routing"),
                plugins=plugins, window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(),
                size_for_device=True)   # batches cut to the profile's memory limits, as a sized pool is
     plans = []

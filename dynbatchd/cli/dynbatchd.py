@@ -99,8 +99,9 @@ def check_config(path: Optional[Path] = typer.Argument(None, help="TOML config f
     """Validate a config file (structure, references, runner options, compliance rules) without starting."""
     path = _config_path(path)
     cfg, _ = load_checked(path)
+    rules = cfgmod.plugin_keys_of(cfg, "routing").get("rules", [])   # [[routing.rules]]: the routing plugin's
     Console().print(f"[green]ok[/green] {path}: {len(cfg.channels)} channels, {len(cfg.models)} models, "
-                    f"{len(cfg.routing.rules)} routing rules", highlight=False)
+                    f"{len(rules)} routing rules", highlight=False)
 
 
 @app.command()

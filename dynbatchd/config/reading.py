@@ -15,6 +15,7 @@ import msgspec
 
 from dynbatchd.config.rules import check_references
 from dynbatchd.config.schema import ChannelSettings, Config, GigaBytes, ModelSettings
+from dynbatchd.config.shared import fold, split
 from dynbatchd.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -60,10 +61,13 @@ def convert(data: Any, typ: type, source: str, prefix: str = "") -> Any:
 
 
 def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
-    """Validate a TOML-shaped mapping: structure here, the rules across settings in `rules.check_references`."""
-    data = dict(data)
-    if "source" in data:
-        raise ConfigError(source, "", "unknown field `source`")
+    """Validate a TOML-shaped mapping: structure here, the rules across settings in `rules.check_references`.
+    The keys of the shared tables that plugins own are set aside in ``plugin_keys``, for the plugins'
+    structs to check at validation (`dynbatchd.config.shared`)."""
+    for field in ("source", "plugin_keys"):   # fields of Config that a file does not spell
+        if field in data:
+            raise ConfigError(source, "", f"unknown field `{field}`")
+    data, plugin_keys = split(data)
     # Tables keyed by user-chosen names are converted entry by entry so an error names the entry.
     for section, typ in (("models", ModelSettings), ("channels", ChannelSettings)):
         table = data.get(section)
@@ -73,10 +77,9 @@ def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
     if isinstance(memory, dict):   # one device's value at a time, so that the error names the device
         for name, value in memory.items():
             convert(value, GigaBytes, source, f"devices.memory_gb.{name}")
-    cfg = convert({**data, "source": source}, Config, source)
+    cfg = convert({**data, "plugin_keys": plugin_keys, "source": source}, Config, source)
     check_references(cfg)
     return cfg
-
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -120,10 +123,15 @@ def with_channel(cfg: Config, name: str, **changes: Any) -> Config:
     channels[name] = msgspec.structs.replace(cfg.channels[name], **changes)
     new = msgspec.structs.replace(cfg, channels=channels)
     # Re-run the structural rules so a tuned value obeys the same checks as a loaded one.
-    data = msgspec.to_builtins(new)
+    data = to_dict(new)
     del data["source"]
     return parse(data, cfg.source)
 
 
-def to_dict(cfg: Config) -> dict[str, Any]:
-    return msgspec.to_builtins(cfg)
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A config struct as plain data; a whole Config as its file spells it (the plugins' keys of the
+    shared tables back in their tables: `parse` of it, less ``source``, reads the same config)."""
+    data = msgspec.to_builtins(cfg)
+    if isinstance(cfg, Config):
+        fold(data, data.pop("plugin_keys"))
+    return data

@@ -7,9 +7,20 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import re
+from typing import Any, Iterable, Mapping
 
 from dynbatchd.config.schema import DEVICE_NAME, Config, DeviceSettings
 from dynbatchd.errors import ConfigError
+
+
+def channels_carrying(channels: Mapping[str, Any], tag: str, routes: Iterable[Any] = ()) -> set[str]:
+    """The channels that carry `tag` traffic: those whose ``carries`` names it, and those a route
+    with that `tag` sends requests to. `routes`: anything with ``tag`` and ``channel`` attributes,
+    such as the routing plugin's rules (`dynbatchd_plugins.routing_config.routing_rules`), which
+    the core does not read itself. The compliance plugin asks it of its regulated tags."""
+    named = {name for name, channel in channels.items() if tag in channel.carries}
+    return named | {route.channel for route in routes if route.tag == tag}
+
 
 def _check_ray(src: str, devices: DeviceSettings) -> None:
     ray = devices.ray
@@ -48,11 +59,6 @@ def check_references(cfg: Config) -> None:
         raise ConfigError(src, "routing.default", f"names unknown channel {cfg.routing.default!r}")
     if cfg.cache.warmup_channel and cfg.cache.warmup_channel not in cfg.channels:
         raise ConfigError(src, "cache.warmup_channel", f"names unknown channel {cfg.cache.warmup_channel!r}")
-    for i, rule in enumerate(cfg.routing.rules):
-        if rule.channel not in cfg.channels:
-            raise ConfigError(src, f"routing.rules[{i}].channel", f"names unknown channel {rule.channel!r}")
-        if rule.model is not None and rule.model not in cfg.models:
-            raise ConfigError(src, f"routing.rules[{i}].model", f"names unknown model {rule.model!r}")
     for name, ch in cfg.channels.items():
         if ch.window_ms > ch.deadline_ms:
             raise ConfigError(src, f"channels.{name}.window_ms",

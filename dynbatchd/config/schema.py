@@ -116,24 +116,17 @@ class ChannelSettings(Frozen, kw_only=True):
     tpot_ms: Target | None = None
 
 
-class RoutingRule(Frozen, kw_only=True):
-    channel: str
-    tag: str | None = None
-    tokens_above: NonNegative | None = None
-    request_type: str | None = None
-    user_frequency: str | None = None
-    priority_at_least: Priority | None = None
-    model: str | None = None
-
+# [routing], [compliance] and [cache] are shared tables: the structs below are the core's keys; any
+# other key of these tables is a plugin's, set aside at parse into Config.plugin_keys and checked by
+# the plugin whose config-table struct claims the table (dynbatchd.config.shared). The built-ins:
+# the routing plugin owns [routing] rules, the compliance plugin [compliance] regulated_tags and
+# banking_max_window_ms, the cache plugin's lifecycle policy [cache] refresh_types and rare_users.
 
 class RoutingSettings(Frozen, kw_only=True):
     default: str = "standard"
-    rules: list[RoutingRule] = []
 
 
 class ComplianceSettings(Frozen, kw_only=True):
-    regulated_tags: list[str] = msgspec.field(default_factory=lambda: ["banking", "medical", "financial"])
-    banking_max_window_ms: Millis = 150.0
     key_tenants: dict[str, str] = {}   # CURVE client key name -> the tenant its isolated requests run as
     audit_log: str = ""                # JSON lines; empty: STATE_DIR/audit.jsonl
 
@@ -142,9 +135,10 @@ class CacheSettings(Frozen, kw_only=True):
     entries: Annotated[int, Meta(ge=0, le=MAX_QUEUE * 16)] = 0
     max_bytes: Annotated[int, Meta(ge=0, le=1 << 44)] = 0   # 0: bounded in entries only
     policy: str = "lifecycle"
-    refresh_types: list[str] = msgspec.field(default_factory=lambda: ["session_refresh"])
-    rare_users: list[str] = msgspec.field(default_factory=lambda: ["rare"])
     warmup_channel: str = ""
+
+
+SHARED_TABLES: dict[str, type] = {"routing": RoutingSettings, "compliance": ComplianceSettings, "cache": CacheSettings}
 
 
 class TopUsersSettings(Frozen, kw_only=True):
@@ -188,13 +182,10 @@ class Config(Frozen, kw_only=True):
     http: dict[str, Any] = {}
     quotas: QuotaSettings = QuotaSettings()
     plugins: dict[str, dict[str, Any]] = {}
+    # the keys of [routing], [compliance] and [cache] that plugins own (SHARED_TABLES), by table:
+    # set by parse, not spelled in a file; to_dict puts them back in their tables
+    plugin_keys: dict[str, dict[str, Any]] = {}
     source: str = "<memory>"
 
     def window_of(self, channel: str) -> PolicySettings:
         return self.channels[channel].window or PolicySettings()
-
-    def channels_carrying(self, tag: str) -> set[str]:
-        """Channels that declare `tag` traffic or that a routing rule sends it to."""
-        named = {n for n, c in self.channels.items() if tag in c.carries}
-        return named | {r.channel for r in self.routing.rules if r.tag == tag}
-

@@ -49,12 +49,14 @@ def plugins(daemon) -> dict[str, Any]:
 
 
 def config(daemon) -> dict[str, Any]:
-    """`config` -> the configuration the daemon is running with (after tune/reload); a top-level
-    table a plugin owns (``[http]``) with its defaults filled in, as the plugin runs it."""
+    """`config` -> the configuration the daemon is running with (after tune/reload), its tables as
+    a file spells them; what a plugin owns at the top level (``[http]``, and its keys of
+    ``[routing]``, ``[compliance]``, ``[cache]``) with its defaults filled in, as the plugin runs it."""
     shown = cfgmod.to_dict(daemon.config)
     for name, owned in daemon.plugins.config_tables().items():
-        if getattr(owned, "table_key", ""):
-            shown[owned.table_key] = msgspec.to_builtins(daemon.plugins.table(daemon.config, name))
+        key = getattr(owned, "table_key", "")
+        if key:   # over the core's keys of a shared table, beside them
+            shown[key] = {**shown.get(key, {}), **msgspec.to_builtins(daemon.plugins.table(daemon.config, name))}
     return shown
 
 

@@ -10,7 +10,7 @@ quota are injected; nothing here reads a clock or a socket.
 from __future__ import annotations
 
 from types import SimpleNamespace
-from typing import Any, Callable, Container, NamedTuple
+from typing import Any, Callable, Container, Mapping, NamedTuple
 
 import msgspec
 
@@ -141,9 +141,17 @@ def cache_key_of(model: str, tenant: str | None, text: str) -> tuple:
     return (model, tenant, text)
 
 
-def sim_config(channels: Any, routing: Any = None) -> Any:
-    """A config for the intake of a simulator given only channels (and routing): any model, no key tenants."""
-    from dynbatchd.config import ComplianceSettings, RoutingSettings
+def sim_config(channels: Any, routing: Mapping[str, Any] | None = None) -> Any:
+    """A config for the intake of a simulator given only channels and a ``[routing]`` table as a file
+    spells it: ``{"default": ..., "rules": [...]}``, the core's default and the keys the routing
+    plugin owns (`dynbatchd.config.shared`; a Config's own: ``table_of(config, "routing")``); None:
+    the first channel, no rules. Any model, no key tenants, the compliance plugin's defaults."""
+    from dynbatchd.config import ComplianceSettings, RoutingSettings, split_table
 
-    return SimpleNamespace(routing=routing or RoutingSettings(default=next(iter(channels))), channels=channels,
-                           compliance=ComplianceSettings(), models=None)
+    if routing is not None and not isinstance(routing, Mapping):   # a RoutingSettings would lose the rules
+        raise TypeError(f"routing: the [routing] table as a mapping (dynbatchd.config.table_of(config, 'routing')), "
+                        f"not {type(routing).__name__}")
+    core, owned = split_table("routing", {"default": next(iter(channels)), **(routing or {})})
+    return SimpleNamespace(routing=msgspec.convert(core, RoutingSettings), channels=channels,
+                           compliance=ComplianceSettings(), models=None, source="<simulation>",
+                           plugin_keys={"routing": owned} if owned else {})

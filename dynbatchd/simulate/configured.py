@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
+from dynbatchd.config import table_of
 from dynbatchd.devices.latency import DeviceModel
 from dynbatchd.devices.simulated_runner import simulated_options
 from dynbatchd.simulate.driver import simulate
@@ -44,7 +45,7 @@ def run_config(config: Any, plugins: Any, traffic: Iterable[Any],
     (None: the built-ins only). `simulate_kw` goes to `simulate()` over these."""
     kw: dict[str, Any] = dict(device=devices if devices is not None else config_device(config),
                               inflight=config.devices.inflight, queue_lead_ms=config.devices.queue_lead_ms,
-                              routing=config.routing)
+                              routing=table_of(config, "routing"))   # default and the routing plugin's rules
     if plugins is not None:
         kw.update(window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(), plugins=plugins)
     kw.update(simulate_kw)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import heapq
 from functools import cache
-from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from dynbatchd import protocol as P
@@ -42,14 +41,11 @@ def _builtin_plugins() -> Any:
     return Plugins.load()
 
 
-def rules_router(channels: Mapping[str, Any], routing: Any = None, plugins: Any = None) -> Router:
+def rules_router(channels: Mapping[str, Any], routing: Mapping[str, Any] | None = None, plugins: Any = None) -> Router:
     """Route as the daemon does, through the routing hook (`Plugins.channel_for`) over a
-    ``[routing]`` table; `plugins` defaults to the installed ones. An arrival that names
-    its channel skips routing."""
-    from dynbatchd.config import RoutingSettings
-
-    routing = routing or RoutingSettings(default=next(iter(channels)))
-    config = SimpleNamespace(routing=routing, channels=channels)
+    ``[routing]`` table as a file spells it (`sim_config`); `plugins` defaults to the installed
+    ones. An arrival that names its channel skips routing."""
+    config = sim_config(channels, routing)
     plugins = plugins or _builtin_plugins()
 
     def route(a: Arrival) -> str:
@@ -83,8 +79,9 @@ def simulate(channels: Mapping[str, Any], arrivals: Iterable[Any], *,
     policy). `window_policies` / `sizers`: the factories by name, e.g.
     ``Plugins.load().window_policies()``; every built-in policy is always
     there (the scheduler's own tables). Routing: `route` (a function of an Arrival), else `routing`
-    (RoutingSettings) through the routing hook of `plugins`; an arrival that
-    names a channel goes there. Every `observe_every_ms` of simulated time (0:
+    (the ``[routing]`` table as a file spells it, ``{"default": ..., "rules": [...]}``; a Config's:
+    ``dynbatchd.config.table_of(config, "routing")``) through the routing hook of `plugins`; an
+    arrival that names a channel goes there. Every `observe_every_ms` of simulated time (0:
     never), as the daemon's device observer does once a second, the engine is
     told the devices' busy fraction since the last look and the fullest
     batch's share of the memory limit (what NVML would report). `cache`: a

@@ -308,8 +308,9 @@ LONG_NAME = "a_channel_whose_name_is_long_enough_to_push_the_message_past_eighty
 
 def test_config_errors_are_never_wrapped(tmp_path, monkeypatch):
     monkeypatch.delenv("DYNBATCHD_CONFIG", raising=False)
+    # the channel's window over its deadline: refused wherever the file is read, plugins loaded or not
     bad = write(tmp_path, BASE.replace("[channels.standard]", f"[channels.{LONG_NAME}]")
-                + f"[routing]\ndefault = '{LONG_NAME}'\n" + "deadline_ms = 5\n", name="bad.toml")
+                + "deadline_ms = 5\n" + f"[routing]\ndefault = '{LONG_NAME}'\n", name="bad.toml")
     runs = [
         (daemon_app, ["check-config", str(bad)]),
         (daemon_app, ["start", "--config", str(bad)]),

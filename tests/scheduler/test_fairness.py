@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings
+from dynbatchd.config import ChannelSettings
 from dynbatchd.simulate import Arrival, DeviceModel, simulate
 
 DEVICE = DeviceModel(base_ms=8.0, per_item_ms=0.5, per_token_ms=0.002)
@@ -40,7 +40,7 @@ def channels(min_share: float = 0.0) -> dict[str, ChannelSettings]:
                                         min_share=min_share, queue_limit=20_000)}
 
 
-ROUTING = RoutingSettings(default="standard", rules=[RoutingRule(tag="urgent", channel="realtime")])
+ROUTING = {"default": "standard", "rules": [{"tag": "urgent", "channel": "realtime"}]}   # [routing] as a file has it
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -251,7 +251,7 @@ def run_simulated(cfg: cfgmod.Config, plan: list[Planned]) -> SimResult:
     return simulate(cfg.channels, arrivals, device=device_model(cfg), devices=len(detect_devices(cfg.devices.use)),
                     inflight=cfg.devices.inflight, queue_lead_ms=cfg.devices.queue_lead_ms,
                     window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(),
-                    routing=cfg.routing, plugins=plugins)
+                    routing=cfgmod.table_of(cfg, "routing"), plugins=plugins)
 
 
 # -- the comparison ------------------------------------------------------------------------------

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from dynbatchd.config import ChannelSettings, RoutingRule, RoutingSettings, PolicySettings
+from dynbatchd.config import ChannelSettings, PolicySettings
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import (COMPLETED, EXPIRED, FAILED, MS, OVERLOADED, Arrival, DeviceModel,
                                 SimulationError, as_arrival, simulate)
@@ -69,8 +69,9 @@ def test_every_request_is_answered_exactly_once_under_overload_and_expiry():
     channels = {"realtime": ch(max_batch=16, window_ms=30, deadline_ms=200, queue_limit=64, priority=2),
                 "standard": ch(max_batch=32, window_ms=100, deadline_ms=1000, queue_limit=256, priority=1),
                 "bulk": ch(max_batch=8, window_ms=500, deadline_ms=30000, queue_limit=128, min_share=0.05)}
-    routing = RoutingSettings(default="standard", rules=[RoutingRule(channel="bulk", tokens_above=8192),
-                                                         RoutingRule(channel="realtime", tag="urgent")])
+    # [routing] as a file has it: the core's default, the routing plugin's rules
+    routing = {"default": "standard", "rules": [{"channel": "bulk", "tokens_above": 8192},
+                                                {"channel": "realtime", "tag": "urgent"}]}
     trace = mixed_trace()
     r = simulate(channels, trace, device=DeviceModel(per_token_ms=0.002), routing=routing)
     counts = r.counts()
