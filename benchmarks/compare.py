@@ -2,10 +2,13 @@
 
     python -m benchmarks.compare dfc55c0                       # sim-b32 and noop-b64, quick runs
     python -m benchmarks.compare dfc55c0 --only sim-b32 --rounds 2
+    python -m benchmarks.compare f9e60bf --this 9cd61fb --only minilm-b32-slo50 --full --rounds 2
 
 The other commit is exported (`git archive`) to a temporary directory and run
 from there with PYTHONPATH pointing at it, so its daemon, plugins and
-benchmark code are all its own; this tree runs as it is. Sides alternate
+benchmark code are all its own; this tree runs as it is, or, with `--this`,
+another commit exported the same way (two commits side by side while the
+working tree is being changed). Sides alternate
 (ref, this, ref, this, ...) so a drift in the machine's load hits both.
 Printed: goodput per scenario on each side and the ratio this/ref (the
 machines are shared and noisy: compare ratios, not absolute figures).
@@ -88,17 +91,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="sim-b32,noop-b64", help="scenarios (default: sim-b32,noop-b64)")
     ap.add_argument("--rounds", type=int, default=1, help="alternating runs per side (default 1)")
     ap.add_argument("--full", action="store_true", help="full-length runs instead of --quick")
+    ap.add_argument("--this", metavar="COMMIT", help="run this commit (exported) instead of the working tree")
     args = ap.parse_args(argv)
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "dynbatchd", "plugins"],
-                                cwd=REPO, capture_output=True, text=True).stdout.strip())
+    head = args.this or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                                       text=True).stdout.strip()
+    dirty = not args.this and bool(subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no", "--", "dynbatchd", "plugins"],
+        cwd=REPO, capture_output=True, text=True).stdout.strip())
     print("python -m benchmarks.compare " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
     print(f"{os.cpu_count()} cores; ref {args.ref} vs this tree at {head}{' (dirty)' if dirty else ''}")
     runs: dict[str, dict[str, list[tuple[float, float | None, float | None]]]] = {"ref": {}, "this": {}}
     with tempfile.TemporaryDirectory(prefix="dynbatchd-ref-") as tmp:
-        ref_tree = export(args.ref, Path(tmp))
+        ref_tree = export(args.ref, Path(tmp) / "ref")
+        this_tree = export(args.this, Path(tmp) / "this") if args.this else REPO
         for round_ in range(args.rounds):
-            for side, tree in (("ref", ref_tree), ("this", REPO)):
+            for side, tree in (("ref", ref_tree), ("this", this_tree)):
                 for name, (goodput, cpu, batch) in run_side(tree, args.only, not args.full).items():
                     runs[side].setdefault(name, []).append((goodput, cpu, batch))
                     print(f"  round {round_ + 1} {side:>4} {name}: goodput {goodput:,.0f} req/s"
