@@ -123,6 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         c0, c1 = (mean([r[1] for r in runs[side][name]]) for side in ("ref", "this"))
         cpu = f"{c0:.1f} | {c1:.1f} | {c1 / c0:.2f}" if c0 and c1 else "| |"
         print(f"| {name} | {g0:,.0f} | {g1:,.0f} | {g1 / g0 if g0 else float('nan'):.2f} | {cpu} |")
+    for name in runs["ref"]:   # a round where no rate passed pulls a mean down: say so beside it
+        for side, label in (("ref", args.ref), ("this", head)):
+            failed = sum(1 for r in runs[side][name] if not r[0])
+            if failed:
+                print(f"{name}: {failed} of {len(runs[side][name])} rounds of {label} passed no rate (goodput 0 in "
+                      "its mean): read the rounds above, not the mean")
     for name in runs["ref"]:   # the spread: each round's CPU ratio (sides run one after the other)
         pairs = [(r[1], t[1]) for r, t in zip(runs["ref"][name], runs["this"][name]) if r[1] and t[1]]
         if pairs:

@@ -40,3 +40,12 @@ def test_this_runs_a_second_exported_commit_instead_of_the_working_tree(sides, c
     assert sides[0] == sides[2] and sides[1] == sides[3] and sides[0] != sides[1]
     out = capsys.readouterr().out
     assert f"ref {first} vs this tree at HEAD" in out and "(dirty)" not in out
+
+
+def test_a_round_that_passed_no_rate_is_named_beside_the_mean(monkeypatch, capsys):
+    results = iter([(0.0, None, None), (100.0, None, None)])
+    monkeypatch.setattr(compare, "run_side", lambda tree, only, quick: {"noop-b64": next(results)})
+    assert compare.main(["HEAD", "--only", "noop-b64"]) == 0
+    out = capsys.readouterr().out
+    assert "noop-b64: 1 of 1 rounds of HEAD passed no rate" in out
+    assert out.count("passed no rate") == 1   # the side whose round passed is not named
