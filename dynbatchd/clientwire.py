@@ -16,9 +16,13 @@ from typing import Any
 import numpy as np
 import zmq
 
-from dynbatchd import config as cfgmod, protocol as P
+from dynbatchd import config as cfgmod, errors, protocol as P
 
-class DynbatchdError(Exception):
+
+class DynbatchdError(errors.DynbatchdError):
+    """What a client raises: the daemon's answer was an error (`code`: one of the protocol's codes,
+    a subclass each), or the client's own (timeout, closed, no daemon). Under the package's one base,
+    `dynbatchd.errors.DynbatchdError`, so one ``except`` catches a refusal from either side."""
     code = "error"
 
     def __init__(self, message: str, code: str | None = None):

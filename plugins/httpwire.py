@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dynbatchd import protocol as P
+from dynbatchd.errors import DynbatchdError
 from dynbatchd.logs import MAX_ID, safe_id
 
 STATUS = {P.BAD_REQUEST: 400, P.REFUSED: 403, P.UNKNOWN_MODEL: 404, P.OVERLOADED: 429, P.QUOTA_EXCEEDED: 429,
@@ -42,7 +43,7 @@ ROUTES = [("POST", ("v1", "embeddings"), "embeddings"),
           ("GET", ("readyz",), "ready")]
 
 
-class HttpError(Exception):
+class HttpError(DynbatchdError):
     """An answer other than 200: the error code, a message that carries no payload, the status."""
 
     def __init__(self, code: str, message: str, status: int | None = None):
@@ -54,7 +55,7 @@ class HttpError(Exception):
         self.level = logging.DEBUG   # of its log line; a model's fault (bad_output) is a warning
 
 
-class ClientGone(Exception):
+class ClientGone(DynbatchdError):
     """The client closed its connection before its request was complete: nothing to answer."""
     request_id = "-"
 
