@@ -8,6 +8,7 @@ import math
 from collections import deque
 from typing import Any
 
+from dynbatchd.errors import OptionError
 from dynbatchd.scheduler.options import Options
 from dynbatchd.scheduler.policies import MS, LaneState
 from dynbatchd.scheduler.targetwindows import DEFAULT_TIERS, TieredWindow
@@ -51,7 +52,7 @@ class EwmaWindow:
         min_ms = o.num("min_ms", min(1.0, cap), lo=0.0)
         max_ms = min(cap, o.num("max_ms", cap, lo=0.0))
         if max_ms < min_ms:
-            raise ValueError(f"{o.where}.min_ms: {min_ms:g} is above the largest window {max_ms:g} "
+            raise OptionError(f"{o.where}.min_ms", f"{min_ms:g} is above the largest window {max_ms:g} "
                              "(max_ms, bounded by the channel's window_ms)")
         initial = o.num("initial_ms", float(settings.window_ms), lo=0.0)
         return cls(initial, alpha=alpha, min_ms=min_ms, max_ms=max_ms)
@@ -141,11 +142,11 @@ class PatternWindow:
         for key in ("burst_ms", "steady_ms", "refresh_ms"):
             kw[key] = o.num(key, {"burst_ms": 30.0, "steady_ms": 150.0, "refresh_ms": 50.0}[key], lo=0.0)
         if kw["steady_ratio"] < 1.0:
-            raise ValueError(f"{where}.steady_ratio: must be >= 1, got {kw['steady_ratio']:g}")
+            raise OptionError(f"{where}.steady_ratio", f"must be >= 1, got {kw['steady_ratio']:g}")
         if kw["burst_ratio"] < kw["steady_ratio"]:
-            raise ValueError(f"{where}.burst_ratio: {kw['burst_ratio']:g} is below steady_ratio {kw['steady_ratio']:g}")
+            raise OptionError(f"{where}.burst_ratio", f"{kw['burst_ratio']:g} is below steady_ratio {kw['steady_ratio']:g}")
         if kw["burst_cv"] < kw["steady_cv"]:
-            raise ValueError(f"{where}.burst_cv: {kw['burst_cv']:g} is below steady_cv {kw['steady_cv']:g}")
+            raise OptionError(f"{where}.burst_cv", f"{kw['burst_cv']:g} is below steady_cv {kw['steady_cv']:g}")
         cap = float(settings.window_ms)
         tiers = TieredWindow.parse_tiers(options["tiers"], f"{where}.tiers", cap) if "tiers" in options else None
         return cls(min_samples=o.count("min_samples", 8, lo=2), max_samples=o.count("max_samples", 512, lo=4),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dynbatchd.errors import OptionError
 from dynbatchd.scheduler.options import Options
 from dynbatchd.scheduler.policies import MS, StaticSizer
 
@@ -67,7 +68,7 @@ class AdaptiveSizer:
                   shrink=o.num("shrink", 0.8, lo=0.0, hi=1.0, lo_open=True), grow=o.num("grow", 1.2, lo=1.0),
                   patience=o.count("patience", 3), cooldown_ms=o.num("cooldown_ms", 1000.0, lo=0.0))
         if kw["low_util"] >= kw["high_util"]:
-            raise ValueError(f"{where}.low_util: {kw['low_util']:g} must be below high_util {kw['high_util']:g}")
+            raise OptionError(f"{where}.low_util", f"{kw['low_util']:g} must be below high_util {kw['high_util']:g}")
         start = o.count("start", max_batch) if "start" in options else None
         return cls(max_batch, start=start, **kw)
 

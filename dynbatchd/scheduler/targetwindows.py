@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from dynbatchd.errors import OptionError
 from dynbatchd.scheduler.options import Options
 from dynbatchd.scheduler.policies import MS, LaneState
 from dynbatchd.scheduler.windowkit import SECOND, _where
@@ -48,36 +49,36 @@ class TieredWindow:
     @classmethod
     def parse_tiers(cls, raw: Any, where: str, cap_ms: float | None = None) -> "TieredWindow":
         if not isinstance(raw, (list, tuple)) or not raw:
-            raise ValueError(f"{where}: expected a non-empty list of tiers, e.g. "
+            raise OptionError(where, "expected a non-empty list of tiers, e.g. "
                              "[{below_tokens = 512, window_ms = 20}, {window_ms = 100}]")
         tiers: list[tuple[float | None, float]] = []
         by = None
         for i, tier in enumerate(raw):
             at = f"{where}[{i}]"
             if not isinstance(tier, dict):
-                raise ValueError(f"{at}: expected a table such as {{below_tokens = 512, window_ms = 20}}")
+                raise OptionError(at, "expected a table such as {below_tokens = 512, window_ms = 20}")
             o = Options(at, tier, {"window_ms", *_TIER_KEYS.values()})
             if "window_ms" not in tier:
-                raise ValueError(f"{at}.window_ms: required")
+                raise OptionError(f"{at}.window_ms", "required")
             window_ms = o.num("window_ms", 0.0, lo=0.0)
             bounds = [m for m, key in _TIER_KEYS.items() if key in tier]
             if len(bounds) > 1:
-                raise ValueError(f"{at}: give one of below_tokens or below_queued, not both")
+                raise OptionError(at, "give one of below_tokens or below_queued, not both")
             last = i == len(raw) - 1
             if not bounds:
                 if not last:
-                    raise ValueError(f"{at}: only the last tier may have no bound (it is the catch-all)")
+                    raise OptionError(at, "only the last tier may have no bound (it is the catch-all)")
                 tiers.append((None, window_ms))
                 continue
             measure = bounds[0]
             if by is not None and measure != by:
-                raise ValueError(f"{at}: all tiers must use the same bound ({_TIER_KEYS[by]})")
+                raise OptionError(at, f"all tiers must use the same bound ({_TIER_KEYS[by]})")
             by = measure
             bound = o.num(_TIER_KEYS[measure], 0.0, lo=0.0)
             if tiers and bound <= tiers[-1][0]:
-                raise ValueError(f"{at}.{_TIER_KEYS[measure]}: bounds must increase, {bound:g} follows {tiers[-1][0]:g}")
+                raise OptionError(f"{at}.{_TIER_KEYS[measure]}", f"bounds must increase, {bound:g} follows {tiers[-1][0]:g}")
             if last:
-                raise ValueError(f"{at}: the last tier must have no bound (the catch-all)")
+                raise OptionError(at, "the last tier must have no bound (the catch-all)")
             tiers.append((bound, window_ms))
         return cls(tiers, by or "tokens", cap_ms)
 

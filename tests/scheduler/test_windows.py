@@ -10,6 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from dynbatchd.errors import OptionError
+
 from dynbatchd import config as cfgmod
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import Item, Scheduler, build_channels
@@ -129,18 +131,24 @@ def test_the_channel_window_bounds_every_policy_and_describe_shows_it():
     assert slo.window_ns(SECONDS, lane(opened_ns=SECONDS, cost=device_cost())) == 2 * MS
 
 
-@pytest.mark.parametrize("tiers, message", [
-    ([], "non-empty"),
-    ([{"below_tokens": 10, "window_ms": 5}], "last tier must have no bound"),
-    ([{"window_ms": 5}, {"below_tokens": 10, "window_ms": 5}], "only the last tier"),
-    ([{"below_tokens": 10, "window_ms": 5}, {"below_queued": 20, "window_ms": 5}, {"window_ms": 1}], "same bound"),
-    ([{"below_tokens": 10, "window_ms": 5}, {"below_tokens": 10, "window_ms": 5}, {"window_ms": 1}], "increase"),
-    ([{"below_tokens": 10, "below_queued": 2, "window_ms": 5}, {"window_ms": 1}], "not both"),
-    ([{"below_tokens": 10}, {"window_ms": 1}], "window_ms: required"),
+TIERS = "channels.c.window.options.tiers"
+
+
+@pytest.mark.parametrize("tiers, key, message", [
+    ([], TIERS, "non-empty"),
+    ([{"below_tokens": 10, "window_ms": 5}], f"{TIERS}[0]", "last tier must have no bound"),
+    ([{"window_ms": 5}, {"below_tokens": 10, "window_ms": 5}], f"{TIERS}[0]", "only the last tier"),
+    ([{"below_tokens": 10, "window_ms": 5}, {"below_queued": 20, "window_ms": 5}, {"window_ms": 1}], f"{TIERS}[1]",
+     "same bound"),
+    ([{"below_tokens": 10, "window_ms": 5}, {"below_tokens": 10, "window_ms": 5}, {"window_ms": 1}],
+     f"{TIERS}[1].below_tokens", "increase"),
+    ([{"below_tokens": 10, "below_queued": 2, "window_ms": 5}, {"window_ms": 1}], f"{TIERS}[0]", "not both"),
+    ([{"below_tokens": 10}, {"window_ms": 1}], f"{TIERS}[0].window_ms", "required"),
 ])
-def test_tiered_rejects_unclear_tiers(tiers, message):
-    with pytest.raises(ValueError, match=message):
+def test_tiered_rejects_unclear_tiers_naming_the_key(tiers, key, message):
+    with pytest.raises(OptionError, match=message) as raised:
         TieredWindow.factory("c", SETTINGS, {"tiers": tiers})
+    assert raised.value.key == key
 
 
 # ---------------------------------------------------------------------------
