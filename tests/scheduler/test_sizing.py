@@ -9,7 +9,6 @@ from types import SimpleNamespace
 import pytest
 
 from dynbatchd.errors import OptionError
-
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler.policies import MS
 from dynbatchd.memory import GIB, model_dims, per_request_bytes, plan_memory, read_model_config

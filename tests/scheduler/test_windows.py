@@ -10,9 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from dynbatchd.errors import OptionError
-
 from dynbatchd import config as cfgmod
+from dynbatchd.errors import OptionError
 from dynbatchd.plugins import Plugins
 from dynbatchd.scheduler import Item, Scheduler, build_channels
 from dynbatchd.scheduler.policies import MS, CostModel, LaneState
