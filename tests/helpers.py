@@ -96,3 +96,13 @@ def echo_or_hang(inputs):
     if any(isinstance(x, str) and x.startswith("hang") for x in inputs):
         time.sleep(3600)
     return list(inputs)
+
+
+# The least a config needs (one simulated model, one channel), for the config tests to add to.
+MINIMAL_CONFIG = """
+[models.m]
+runner = "simulated"
+[channels.standard]
+max_batch = 8
+window_ms = 5
+"""

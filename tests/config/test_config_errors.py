@@ -17,17 +17,12 @@ from dynbatchd.errors import DynbatchdError, OptionError
 from dynbatchd.plugins import PluginError, Plugins
 from dynbatchd.scheduler import build_channels
 from dynbatchd.validation import check_runner_options, validate_config
+from helpers import MINIMAL_CONFIG
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE = """
-[models.m]
-runner = "simulated"
-[channels.standard]
-max_batch = 8
-window_ms = 5
-"""
+BASE = MINIMAL_CONFIG
 # Exception classes that need not derive from the base, with why. Shrink it; add nothing unexplained.
-NOT_YET: dict[str, str] = {   # path -> why its exception classes may not derive from the base yet
+NOT_YET: dict[str, str] = {   # path -> why (empty: every class is under the base)
 }
 INTERNAL = {"SimulationError": "an invariant broken: a bug, not a refusal", "_Stop": "control flow in bench",
             "OneLineErrors": "a typer group, not an exception"}

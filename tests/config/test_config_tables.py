@@ -14,14 +14,9 @@ from dynbatchd.config import ConfigError, Frozen
 from dynbatchd.hookspecs import hookimpl
 from dynbatchd.plugins import PluginError, Plugins
 from dynbatchd.validation import validate_config
+from helpers import MINIMAL_CONFIG
 
-BASE = """
-[models.m]
-runner = "simulated"
-[channels.standard]
-max_batch = 8
-window_ms = 5
-"""
+BASE = MINIMAL_CONFIG
 
 
 class ShadowSettings(Frozen, kw_only=True):

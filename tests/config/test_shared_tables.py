@@ -23,14 +23,10 @@ from dynbatchd.hookspecs import CacheRule, RequestInfo, hookimpl
 from dynbatchd.plugins import PluginError, Plugins
 from dynbatchd.validation import validate_config
 from dynbatchd_plugins.compliance_config import ComplianceRules
+from helpers import MINIMAL_CONFIG
 
 SHIPPED = Path(__file__).resolve().parents[2] / "etc" / "dynbatchd.toml"
-BASE = """
-[models.m]
-runner = "simulated"
-[channels.standard]
-max_batch = 8
-window_ms = 5
+BASE = MINIMAL_CONFIG + """
 [channels.vault]
 max_batch = 8
 window_ms = 5
