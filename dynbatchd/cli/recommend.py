@@ -24,8 +24,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from dynbatchd import config as cfgmod
-from dynbatchd.client import DynbatchdError, control_call
+from dynbatchd import config as cfgmod, errors
+from dynbatchd.client import control_call
 from dynbatchd.config import ConfigError
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import Arrival, DeviceModel, poisson, run_config
@@ -143,7 +143,7 @@ def recommend(ctx: typer.Context,
         raw.pop("source", None)
         cfg = cfgmod.parse(raw, "running config")
         plan = plan_channels(cfg, status, duration, seed, Plugins.load())
-    except (DynbatchdError, ConfigError, ValueError, msgspec.ValidationError) as exc:
+    except (errors.DynbatchdError, ValueError, msgspec.ValidationError) as exc:   # the client's, a config's: one base
         err.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(1)
     applied = []
