@@ -207,7 +207,8 @@ def dynbatchd_config_tables() -> dict[str, Any]:
     plugin's struct per ``table_key``: two are an error. A key of a shared table that is
     neither the core's nor a loaded plugin's is refused as an unknown field. A hook that runs
     per request and reads such a table converts it once per config
-    (`dynbatchd.config.PerConfig`), not per request.
+    (`dynbatchd.config.PerConfig`), not per request; a hook, which has no `Plugins`, reads
+    its keys of a shared table with `dynbatchd.config.plugin_table`.
     """
 
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, ClassVar
 import msgspec
 
 from dynbatchd.cache import AGAIN, ALWAYS, FILTER
-from dynbatchd.config import Frozen, convert, plugin_keys_of
+from dynbatchd.config import Frozen, plugin_table
 from dynbatchd.hookspecs import CacheRule, RequestInfo, hookimpl
 
 Policy = Callable[[RequestInfo], CacheRule]
@@ -41,8 +41,7 @@ class LifecycleSettings(Frozen, kw_only=True):
 
 def lifecycle_settings(config: Any) -> LifecycleSettings:
     """``[cache]``'s lifecycle keys of `config` as their struct (the defaults where none is set)."""
-    return convert(plugin_keys_of(config, "cache"), LifecycleSettings, getattr(config, "source", "<memory>"),
-                   LifecycleSettings.table_key)
+    return plugin_table(config, LifecycleSettings)
 
 
 def lifecycle(config: Any) -> Policy:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import msgspec
 
-from dynbatchd.config import Frozen, Millis, convert, plugin_keys_of
+from dynbatchd.config import Frozen, Millis, plugin_table
 from dynbatchd.hookspecs import hookimpl
 
 
@@ -28,8 +28,7 @@ class ComplianceRules(Frozen, kw_only=True):
 
 def compliance_rules(config: Any) -> ComplianceRules:
     """``[compliance]``'s rules of `config` as this struct (the defaults where none is set)."""
-    return convert(plugin_keys_of(config, "compliance"), ComplianceRules, getattr(config, "source", "<memory>"),
-                   ComplianceRules.table_key)
+    return plugin_table(config, ComplianceRules)
 
 
 @hookimpl

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from dynbatchd.config import Frozen, NonNegative, Priority, convert, plugin_keys_of
+from dynbatchd.config import Frozen, NonNegative, Priority, plugin_table
 from dynbatchd.errors import OptionError
 from dynbatchd.hookspecs import hookimpl
 
@@ -45,8 +45,7 @@ class RoutingRules(Frozen, kw_only=True):
 def routing_rules(config: Any) -> RoutingRules:
     """``[routing]``'s rules of `config` (a Config, or the simulator's: `dynbatchd.engine.intake.sim_config`)
     as this struct (none where the table has none)."""
-    return convert(plugin_keys_of(config, "routing"), RoutingRules, getattr(config, "source", "<memory>"),
-                   RoutingRules.table_key)
+    return plugin_table(config, RoutingRules)
 
 
 @hookimpl

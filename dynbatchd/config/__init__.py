@@ -8,7 +8,8 @@ Split by job, each name importable from here as before:
 
 - `dynbatchd.config.schema`: the structs, one per TOML table, and the bounds of every number;
 - `dynbatchd.config.reading`: TOML to a table (`read_toml`), a table to a `Config` (`parse`,
-  `load`, `convert`), and checked copies (`with_channel`);
+  `load`, `convert`), checked copies (`with_channel`), and a plugin's keys of a shared table as
+  its struct (`plugin_table`);
 - `dynbatchd.config.rules`: the rules across settings (`check_references`), and which channels
   carry a tag (`channels_carrying`);
 - `dynbatchd.config.shared`: the shared tables ``[routing]``, ``[compliance]`` and ``[cache]``,
@@ -36,8 +37,8 @@ from dynbatchd.config.paths import (CONFIG_ENV, CONTROL_SOCKET, DEFAULT_CONFIG_P
                                     SYSTEM_RUNTIME_DIR, SYSTEM_STATE_DIR, UnsafeDirectory, default_control,
                                     default_state_dir, ensure_private_dir, find_config, private_runtime_dir,
                                     runtime_dir, search_order_text, state_path)
-from dynbatchd.config.reading import (check_channel_values, convert, load, parse, read_toml, to_dict,
-                                      with_channel)
+from dynbatchd.config.reading import (check_channel_values, convert, load, parse, plugin_table, read_toml,
+                                      to_dict, with_channel)
 from dynbatchd.config.rules import channels_carrying, check_references, is_loopback_host
 from dynbatchd.config.schema import (DEVICE_NAME, MAX_BATCH, MAX_MS, MAX_PRIORITY, MAX_QUEUE, MAX_S,
                                      MAX_TOKENS, CacheSettings, ChannelSettings, ComplianceSettings, Config,
@@ -57,7 +58,7 @@ __all__ = [
     "RoutingSettings", "SHARED_TABLES", "Seconds", "TenantQuota", "TopUsersSettings", "UnsafeDirectory",
     "admin_keys_dir", "channels_carrying", "check_channel_values", "check_references", "client_keys_dir", "convert",
     "curve_endpoints", "default_control", "default_state_dir", "ensure_private_dir", "find_config",
-    "is_loopback_host", "load", "parse", "plugin_keys_of", "private_runtime_dir", "read_key_file",
+    "is_loopback_host", "load", "parse", "plugin_keys_of", "plugin_table", "private_runtime_dir", "read_key_file",
     "read_toml", "runtime_dir", "search_order_text", "server_public_key_file", "server_secret_key_file",
     "split_table", "state_path", "table_of", "to_dict", "with_channel", "writable_by_others", "write_keypair",
 ]

@@ -15,7 +15,7 @@ import msgspec
 
 from dynbatchd.config.rules import check_references
 from dynbatchd.config.schema import ChannelSettings, Config, GigaBytes, ModelSettings
-from dynbatchd.config.shared import fold, split
+from dynbatchd.config.shared import fold, plugin_keys_of, split
 from dynbatchd.errors import ConfigError
 
 if sys.version_info >= (3, 11):
@@ -58,6 +58,14 @@ def convert(data: Any, typ: type, source: str, prefix: str = "") -> Any:
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 rule += f", got `{value!r}`"
         raise ConfigError(source, key, rule[:1].lower() + rule[1:]) from None
+
+
+def plugin_table(config: Any, struct: type) -> Any:
+    """`config`'s keys of the shared table that `struct` claims (its ``table_key``: ``routing``,
+    ``compliance``, ``cache``) as that struct, its defaults where the file sets none; a ConfigError
+    naming the key where they break its rules. What a built-in plugin reads its own keys with."""
+    return convert(plugin_keys_of(config, struct.table_key), struct, getattr(config, "source", "<memory>"),
+                   struct.table_key)
 
 
 def parse(data: dict[str, Any], source: str = "<memory>") -> Config:

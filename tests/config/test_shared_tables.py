@@ -133,10 +133,10 @@ def test_per_request_hooks_convert_a_table_once_per_config(monkeypatch):
 
     converted = []
     for module in (routing_config, compliance_config):
-        def counted(data, typ, *args, real=module.convert):
+        def counted(config, typ, real=module.plugin_table):
             converted.append(typ.__name__)
-            return real(data, typ, *args)
-        monkeypatch.setattr(module, "convert", counted)
+            return real(config, typ)
+        monkeypatch.setattr(module, "plugin_table", counted)
     cfg = config('[[routing.rules]]\ntag = "x"\nchannel = "vault"\n[compliance]\nregulated_tags = ["x"]\n')
     plugins = Plugins.load()
     for _ in range(3):
