@@ -4,13 +4,17 @@
     python -m benchmarks.bursty --speedups 60
     python -m benchmarks.bursty --live          # also x40 and x60 through the live daemon; about 3 min
     python -m benchmarks.bursty --perturb       # also each speed-up with its clock scaled by 1 +- k/10,000
+    python -m benchmarks.bursty --trace AzureLLMInferenceTrace_code.csv --long-shares 0,0.5,0.9,1
+                                                # another trace of the same format; what long_share trades
 
 One channel, max_batch 32, deadline 1,000 ms, the device 8 ms + 0.5 ms/item +
 0.002 ms/token, every request at its own size. dynbatchd's engine (windows
 fixed 10 ms, fixed 100 ms, slo) beside the three yardsticks of
 `benchmarks.heuristics`. Printed per speed-up: on-time share of all requests
-and of the longest 10%, utilisation, mean batch, overloaded and expired. Then
-the shipped config (three channels, its own routing) beside its standard
+and of the longest 10% (also as a part of FIFO-drop's share of them), utilisation,
+mean batch, overloaded and expired. With ``--long-shares``, the fixed 10 ms setup
+at each channel ``long_share`` given: what fairness to long requests costs in
+requests on time, beside the planner. Then the shipped config (three channels, its own routing) beside its standard
 channel alone, with no urgent traffic and with every tenth request urgent.
 
 With ``--live`` the same arrivals (fixed 10 ms window) are also sent, open
@@ -56,40 +60,81 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live-speedups", default="40,60", help="speed-ups for --live (default 40,60)")
     ap.add_argument("--perturb", action="store_true",
                     help="also replay each speed-up with the trace's clock scaled by 1 +- k/10,000 (about 4 min)")
+    ap.add_argument("--trace", type=Path, default=AZURE_CSV,
+                    help="a CSV of TIMESTAMP and ContextTokens rows (the Azure LLM trace format; "
+                         "default: the conversation trace in ../shared/data)")
+    ap.add_argument("--long-shares", default="",
+                    help="also the fixed 10 ms setup at each channel long_share given, comma-separated")
     args = ap.parse_args(argv)
-    if not azure_available():
-        print(f"the trace {AZURE_CSV} is missing", file=sys.stderr)
+    if not azure_available(args.trace):
+        print(f"the trace {args.trace} is missing", file=sys.stderr)
         return 2
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print("python -m benchmarks.bursty " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])))
-    print(f"commit {commit}; SIMULATED device {DEVICE.base_ms} ms + {DEVICE.per_item_ms} ms/item + "
-          f"{DEVICE.per_token_ms} ms/token; max batch 32; deadline {DEADLINE_MS:g} ms\n")
-    rows = read_trace_csv(AZURE_CSV)
+    print(f"commit {commit}; trace {args.trace.name}; SIMULATED device {DEVICE.base_ms} ms + "
+          f"{DEVICE.per_item_ms} ms/item + {DEVICE.per_token_ms} ms/token; max batch 32; deadline {DEADLINE_MS:g} ms\n")
+    rows = read_trace_csv(args.trace)
     plugins = Plugins.load()
-    print("| speed-up | setup | on time | longest 10% on time | utilisation | mean batch | overloaded | expired |")
-    print("|---|---|---|---|---|---|---|---|")
-    for speedup in (float(s) for s in args.speedups.split(",")):
+    print("| speed-up | setup | on time | longest 10% on time | of FIFO-drop's | utilisation | mean batch | "
+          "overloaded | expired |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    speedups = [float(s) for s in args.speedups.split(",")]
+    for speedup in speedups:
         arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
-        cut = sorted(a.tokens for a in arrivals)[int(0.9 * len(arrivals))]
-        longest = [i for i, a in enumerate(arrivals) if a.tokens >= cut]
+        longest = longest_tenth(arrivals)
+        fifo_long = fifo_drop_hopeless(arrivals, DEVICE, DEADLINE_MS).share(longest)
         for name, channel in setups().items():
             r = simulate({"c": channel}, arrivals, device=DEVICE, window_policies=plugins.window_policies())
             total, counts = r.total(), r.counts()
             long_share = sum(r.on_time(i) for i in longest) / len(longest)
             print(f"| x{speedup:g} | dynbatchd, {name} | {total.on_time_fraction:.2%} | {long_share:.1%} | "
-                  f"{r.utilisation():.1%} | {r.mean_batch():.1f} | {counts['overloaded']} | "
-                  f"{counts['deadline_exceeded']} |")
+                  f"{long_share / fifo_long:.2f} | {r.utilisation():.1%} | {r.mean_batch():.1f} | "
+                  f"{counts['overloaded']} | {counts['deadline_exceeded']} |")
         for name, heuristic in (("FIFO, drop the hopeless", fifo_drop_hopeless),
                                 ("deadline-feasible, shortest first", feasible_shortest_first),
                                 ("deadline-order plan, drop the largest", edf_plan_drop_largest)):
             y = heuristic(arrivals, DEVICE, DEADLINE_MS)
-            print(f"| x{speedup:g} | {name} | {y.share():.2%} | {y.share(longest):.1%} | | | | |")
-    compare_shipped(rows, [float(s) for s in args.speedups.split(",")], plugins)
+            print(f"| x{speedup:g} | {name} | {y.share():.2%} | {y.share(longest):.1%} | "
+                  f"{y.share(longest) / fifo_long:.2f} | | | | |")
+    if args.long_shares:
+        long_share_trade(rows, speedups, [float(s) for s in args.long_shares.split(",")], plugins)
+    compare_shipped(rows, speedups, plugins)
     if args.perturb:
-        perturbed(rows, [float(s) for s in args.speedups.split(",")], plugins)
+        perturbed(rows, speedups, plugins)
     if args.live:
         compare_live(rows, [float(s) for s in args.live_speedups.split(",")], plugins)
     return 0
+
+
+def longest_tenth(arrivals: list[Arrival]) -> list[int]:
+    """The indices of the longest 10% of `arrivals` by tokens (ties at the cut included)."""
+    cut = sorted(a.tokens for a in arrivals)[int(0.9 * len(arrivals))]
+    return [i for i, a in enumerate(arrivals) if a.tokens >= cut]
+
+
+def long_share_trade(rows: list[tuple[float, int]], speedups: list[float], shares: list[float],
+                     plugins: Plugins) -> None:
+    """The fixed 10 ms setup at each `long_share`: requests on time against the longest tenth's
+    share (of FIFO-drop's), beside the planner, which keeps no share for long requests."""
+    import msgspec
+
+    print("\nWhat long_share trades (dynbatchd, fixed 10 ms): requests on time against the longest tenth's share")
+    print("| speed-up | long_share | on time | requests, less the planner's | longest 10%, of FIFO-drop's |")
+    print("|---|---|---|---|---|")
+    base = setups()["fixed 10 ms"]
+    for speedup in speedups:
+        arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
+        longest = longest_tenth(arrivals)
+        fifo_long = fifo_drop_hopeless(arrivals, DEVICE, DEADLINE_MS).share(longest)
+        plan = edf_plan_drop_largest(arrivals, DEVICE, DEADLINE_MS)
+        print(f"| x{speedup:g} | (the planner) | {plan.share():.2%} | | {plan.share(longest) / fifo_long:.2f} |")
+        for share in shares:
+            channel = msgspec.structs.replace(base, long_share=share)
+            r = simulate({"c": channel}, arrivals, device=DEVICE, window_policies=plugins.window_policies())
+            on_time = sum(r.on_time(i) for i in range(len(arrivals)))
+            long = sum(r.on_time(i) for i in longest) / len(longest)
+            print(f"| x{speedup:g} | {share:g} | {on_time / len(arrivals):.2%} | {on_time - sum(plan.on_time):+d} | "
+                  f"{long / fifo_long:.2f} |", flush=True)
 
 
 def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugins: Plugins) -> None:
@@ -177,8 +222,7 @@ def compare_live(rows: list[tuple[float, int]], speedups: list[float], plugins: 
     print("|---|---|---|---|---|---|---|---|")
     for speedup in speedups:
         arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
-        cut = sorted(a.tokens for a in arrivals)[int(0.9 * len(arrivals))]
-        longest = [i for i, a in enumerate(arrivals) if a.tokens >= cut]
+        longest = longest_tenth(arrivals)
         sim = simulate({"c": setups()[LIVE_SETUP]}, arrivals, device=DEVICE,
                        window_policies=plugins.window_policies())
         sim_all = sim.total().on_time_fraction

@@ -27,7 +27,7 @@ FILE_NAME = "overrides.toml"
 TRAIL = 200   # changes kept in the file's trail, newest last
 # What may be tuned at run time (and so overridden): `window` is {"policy": NAME, "options": {...}},
 # or None for a fixed window (written `window = {}`, since TOML has no null).
-TUNABLE = ("max_batch", "window_ms", "deadline_ms", "queue_limit", "max_tokens", "min_share", "window")
+TUNABLE = ("max_batch", "window_ms", "deadline_ms", "queue_limit", "max_tokens", "min_share", "long_share", "window")
 
 
 class Override(msgspec.Struct, forbid_unknown_fields=True):

@@ -48,6 +48,8 @@ TUNE_HELP = {
     "queue_limit": "Requests the channel may hold before answering overloaded (1 to 16777216).",
     "max_tokens": "Cap on the tokens of one batch (0: none).",
     "min_share": "Share of recent device time the channel is guaranteed under overload (0 to 1).",
+    "long_share": "Share of what first-come first-served would answer in time of the longest tenth of "
+                  "requests that a size-ordered plan keeps for them (0 to 1; 0: off, most requests on time).",
 }
 
 
@@ -72,6 +74,7 @@ def tune(ctx: typer.Context,
          queue_limit: Optional[int] = typer.Option(None, help=TUNE_HELP["queue_limit"]),
          max_tokens: Optional[int] = typer.Option(None, help=TUNE_HELP["max_tokens"]),
          min_share: Optional[float] = typer.Option(None, help=TUNE_HELP["min_share"]),
+         long_share: Optional[float] = typer.Option(None, help=TUNE_HELP["long_share"]),
          auto: bool = typer.Option(False, "--auto", help="Run the tuning loop (collect, fit, search, risk, "
                                    "canary, promote or roll back) on CHANNEL, else on every busy channel."),
          candidate: Optional[str] = typer.Option(None, "--candidate", metavar="max_batch=N,window_ms=F",
@@ -127,7 +130,8 @@ def tune(ctx: typer.Context,
       dynbatchctl tune chat --generative --rate 10
     """
     changes = {k: v for k, v in dict(max_batch=max_batch, window_ms=window_ms, deadline_ms=deadline_ms,
-                                      queue_limit=queue_limit, max_tokens=max_tokens, min_share=min_share).items()
+                                      queue_limit=queue_limit, max_tokens=max_tokens, min_share=min_share,
+                                      long_share=long_share).items()
                if v is not None}
     modes = [m for m, on in (("--auto", auto), ("--history", show_history), ("--rollback", rollback),
                              ("a setting", bool(changes))) if on]

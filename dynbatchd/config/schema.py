@@ -108,6 +108,7 @@ class ChannelSettings(Frozen, kw_only=True):
     max_tokens: NonNegative = 0
     token_buckets: list[NonNegative] = []
     min_share: Annotated[float, Meta(ge=0, le=1)] = 0.0
+    long_share: Annotated[float, Meta(ge=0, le=1)] = 0.9   # of FIFO's on-time longest tenth, kept for them (0: off)
     carries: list[str] = []
     window: PolicySettings | None = None
     batch_size: PolicySettings | None = None

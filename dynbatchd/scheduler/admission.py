@@ -55,7 +55,7 @@ class Admission:
         self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
         if self.cost.tokens_matter:   # once tokens are known to cost nothing, no ledger
             base, per_item, per_token = self.cost.coefficients()
-            ledger = self.long_share
+            ledger = self.long_ledger
             ledger.batch_ns, ledger.max_batch = base, self.sizer.max_batch()
             ledger.stretch = self.device_stretch   # the shadow FIFO gets the device time this channel does
             ledger.arrived(item.tokens, per_item + per_token * item.tokens, now_ns, item.deadline_ns)

@@ -48,7 +48,7 @@ class Channel(Admission, Planning):
         self._arrivals_at = 0
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
         self.last_window_ns: int | None = None
-        self.long_share = LongShare()
+        self.long_ledger = LongShare()
         self.device_stretch = 1.0   # wall time per unit of its device time (`Scheduler._stretch`)
         self._probed_ns = -self.PROBE_EVERY_NS   # when `expire` last let a hopeless request try
         self._spared: tuple[int, set[int]] = (0, set())   # (CostModel.disputes episode logged, keys it spared)

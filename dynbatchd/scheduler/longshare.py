@@ -42,7 +42,7 @@ class LongShare:
         """Above the running 90th percentile, by a margin (so requests all of one size are not)."""
         return tokens > 1.05 * self.cut + 1
 
-    FIFO_SHARE = 0.9
+    FIFO_SHARE = 0.9   # the default of a channel's ``long_share`` (dynbatchd.config.schema.ChannelSettings)
 
     def arrived(self, tokens: int, cost_ns: float, now_ns: int | None = None, deadline_ns: int | None = None) -> None:
         """Count a request in; with its arrival and deadline, the shadow FIFO sees it too
@@ -83,8 +83,8 @@ class LongShare:
         for t in tokens:
             self.done_long += self.is_long(t)
 
-    def owed(self) -> bool:
-        """Whether the plan served fewer long requests, lately, than `FIFO_SHARE` of those the
-        shadow FIFO would have served."""
-        return self.done_long < self.FIFO_SHARE * self.fifo_long
+    def owed(self, share: float = FIFO_SHARE) -> bool:
+        """Whether the plan served fewer long requests, lately, than `share` of those the shadow
+        FIFO would have served (the channel's ``long_share``; 0: never owed, the rule is off)."""
+        return share > 0 and self.done_long < share * self.fifo_long
 

@@ -30,11 +30,11 @@ class Planning:
         start = now_ns if start_ns is None else start_ns
         picked = None
         if len(lane) > 1 and not self.settings.run_late and not lane.heap[0][2].retries and self._sizes_matter(lane):
-            picked = self._planned_first(lane, start, limit, cap, self.long_share.owed(), budget_ns)
+            picked = self._planned_first(lane, start, limit, cap, self.long_ledger.owed(self.settings.long_share), budget_ns)
         if picked:
             items = lane.take(picked)
             tokens = sum(item.tokens for item in items)
-            self.long_share.served([i.tokens for i in items])
+            self.long_ledger.served([i.tokens for i in items])
         else:
             items, tokens = [], 0
             estimate = self.cost.estimate_ns
@@ -110,7 +110,7 @@ class Planning:
         the batch runs as planned, maybe late by a request's share, rather than refuse one."""
         base, per_item, per_token = self.cost.coefficients()
         keep_single = self.latency_bound(limit)
-        is_long = self.long_share.is_long
+        is_long = self.long_ledger.is_long
         kept: list[Item] = []
         tokens = 0
         for deadline, _, item in heapq.nsmallest(self.PLAN_BATCHES * limit, lane.heap):

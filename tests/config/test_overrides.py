@@ -90,3 +90,16 @@ def test_a_drop_in_with_an_unknown_key_or_bad_toml_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="not valid TOML"):
         Overrides.load(path)
     assert Overrides.load(tmp_path / "missing.toml").data.channels == {}
+
+
+def test_long_share_is_tunable_and_checked_like_the_file(tmp_path, base):
+    path = tmp_path / "overrides.toml"
+    o = Overrides(path)
+    o.record("standard", {"long_share": 0.9}, {"long_share": 0.0}, by="a", why="most on time", risk="")
+    o.save()
+    assert running(Overrides.load(path), base, "long_share") == 0.0
+    o.record("standard", {"long_share": 0.0}, {"long_share": 1.5}, by="a", why="", risk="")
+    o.save()
+    with pytest.raises(ConfigError) as info:
+        Overrides.load(path).apply(base)
+    assert info.value.key == "channels.standard.long_share"

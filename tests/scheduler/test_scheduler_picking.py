@@ -20,8 +20,8 @@ def item(at_ms: float, tokens: int, deadline_ms: float = 1000) -> Item:
     return Item(next(_keys), "m", at, at + int(deadline_ms * MS), tokens, None, None, "c")
 
 
-def scheduler(max_batch: int) -> Scheduler:
-    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=max_batch, window_ms=0)}))
+def scheduler(max_batch: int, long_share: float = 0.9) -> Scheduler:
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=max_batch, window_ms=0, long_share=long_share)}))
     cost = s.channels["c"].cost          # taught a device of 8 ms + 0.5 ms/item + 0.002 ms/token
     for size, tokens in [(1, 100), (4, 2000), (8, 500), (2, 9000), (16, 4000)] * 5:
         cost.observe(size, tokens, int((8 + 0.5 * size + 0.002 * tokens) * MS))
@@ -50,13 +50,35 @@ def test_while_long_requests_are_owed_the_earliest_long_one_leaves_the_plan_last
         s = scheduler(max_batch=2)
         for it in [item(0, t, deadline_ms=30) for t in (100, 9000, 120, 2000)]:
             assert s.submit(it, 0)
-        ledger = s.channels["c"].long_share
+        ledger = s.channels["c"].long_ledger
         ledger.cut, ledger.fifo_long, ledger.done_long = 1000.0, 10.0, (1.0 if owed else 10.0)
         assert ledger.owed() == owed
         [batch] = s.poll(0, free_slots=1).batches
         return [it.tokens for it in batch.items]
     assert plan(owed=False) == [100, 120]
     assert plan(owed=True) == [100, 9000]
+
+
+def test_a_channel_with_long_share_0_owes_long_requests_nothing():
+    # The same queue and ledger as above, long requests owed at the default long_share; with
+    # long_share = 0 the rule is off: the plan drops the largest, long or not.
+    def plan(long_share: float) -> list[int]:
+        s = scheduler(max_batch=2, long_share=long_share)
+        for it in [item(0, t, deadline_ms=30) for t in (100, 9000, 120, 2000)]:
+            assert s.submit(it, 0)
+        ledger = s.channels["c"].long_ledger
+        ledger.cut, ledger.fifo_long, ledger.done_long = 1000.0, 10.0, 1.0
+        assert ledger.owed(long_share) == (long_share > 0)
+        [batch] = s.poll(0, free_slots=1).batches
+        return [it.tokens for it in batch.items]
+    assert plan(long_share=0.9) == [100, 9000]
+    assert plan(long_share=0.0) == [100, 120]
+
+
+def test_a_ledger_is_owed_up_to_the_share_asked():
+    ledger = LongShare()
+    ledger.fifo_long, ledger.done_long = 10.0, 8.5
+    assert [ledger.owed(share) for share in (0.0, 0.8, 0.85, 0.9, 1.0)] == [False, False, False, True, True]
 
 
 def _ledger(burst_ms: float, burst_long_served: bool) -> LongShare:
