@@ -119,6 +119,7 @@ class Scheduler:
         channel = self.channels[batch.channel]
         n = len(batch.items)
         channel.cost.observe(n, batch.tokens, compute_ns, now_ns)
+        channel.batch_ended(batch, now_ns)
         channel.window.on_batch_done(n, batch.tokens, compute_ns, now_ns)
         if not batch.items[0].warmup:
             channel.stats.compute_ns += compute_ns * n

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from typing import Any, Hashable
 
 from dynbatchd.scheduler.longshare import LongShare
@@ -50,6 +51,8 @@ class Channel(Admission, Planning):
         self.last_window_ns: int | None = None
         self.long_ledger = LongShare()
         self.device_stretch = 1.0   # wall time per unit of its device time (`Scheduler._stretch`)
+        self._slips: deque[int] = deque(maxlen=self.SLIP_BATCHES)   # recent batches' ends past their plan
+        self.end_slip_ns = 0            # aimed before each deadline (`batch_ended`)
         self._probed_ns = -self.PROBE_EVERY_NS   # when `expire` last let a hopeless request try
         self._spared: tuple[int, set[int]] = (0, set())   # (CostModel.disputes episode logged, keys it spared)
 
@@ -154,8 +157,26 @@ class Channel(Admission, Planning):
             window_end = min(window_end, lane.opened_ns + self.idle_hold_ns())
         # Close early when waiting longer would make the most urgent request miss (1 ns sooner than
         # the truncated estimate says: the plan cut then checks the same batch without truncating).
-        urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens) - 1
+        urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens) - self.end_slip_ns - 1
         return min(window_end, urgent)
+
+    SLIP_BATCHES = 64     # how many recent batches `end_slip_ns` reads
+    SLIP_QUANTILE = 0.9
+    SLIP_MAX_SHARE = 0.05   # of the channel's deadline: a stall (a pause, a slow device) does not empty every plan
+
+    def batch_ended(self, batch: Batch, now_ns: int) -> None:
+        """Learn how late batches end past their plan (`Batch.planned_end_ns`): the learned cost's
+        error, the hand-over to the device and back, a batch queued behind one that ran long.
+        Plans and windows then aim `end_slip_ns` before each deadline: the 90th percentile of
+        the last batches' slips, at least 0, at most a twentieth of the deadline. Where the
+        cost model is exact (the simulator) it stays 0; on a live daemon, a plan that fills
+        batches to the edge of their deadlines (a backlog) otherwise answers some a few ms late."""
+        if not batch.planned_end_ns:
+            return
+        slips = self._slips
+        slips.append(now_ns - batch.planned_end_ns)
+        high = sorted(slips)[int(self.SLIP_QUANTILE * (len(slips) - 1))]
+        self.end_slip_ns = max(0, min(high, int(self.SLIP_MAX_SHARE * self.settings.deadline_ms * MS)))
 
     def idle_hold_ns(self) -> int:
         """The longest a planned channel's window holds an idle device: a batch's fixed cost (the
@@ -197,4 +218,5 @@ class Channel(Admission, Planning):
                 "arrival_rps": round(self.arrival_rate(now_ns) * 1e9, 3),
                 "mean_tokens": round(self.mean_tokens, 1),
                 "cost_ms": {"base": base / 1e6, "per_item": per_item / 1e6, "per_token": per_token / 1e6,
-                            "samples": self.cost.samples}}
+                            "samples": self.cost.samples},
+                "end_slip_ms": self.end_slip_ns / 1e6}

@@ -39,6 +39,7 @@ class Batch:
     formed_ns: int
     max_batch: int
     tokens: int = 0
+    planned_end_ns: int = 0   # when its plan said it would end (the learned cost); 0: no settled cost to say
 
 
 @dataclass(slots=True, eq=False)

@@ -65,7 +65,8 @@ class Planning:
             stats.fill_sum += len(items) / limit
             for item in items:
                 stats.wait_ns += now_ns - item.arrival_ns
-        return Batch(batch_id, self.name, lane.model, items, now_ns, limit, tokens)
+        planned_end = start + self.cost.estimate_ns(len(items), tokens) if self.cost.settled else 0
+        return Batch(batch_id, self.name, lane.model, items, now_ns, limit, tokens, planned_end)
 
     def _tokens_outweigh(self, mean_tokens: float) -> bool:
         """Whether a request of `mean_tokens` costs more device time by its tokens than by itself
@@ -105,16 +106,18 @@ class Planning:
         later plan may still fit it, or `expire` answers it. While long requests are owed (fewer
         served than FIFO would have, `long_first`, `LongShare`), the earliest long request in the
         plan is dropped last: one at a time, so the short ones that fit beside it still run.
-        Requests that cannot make it even alone are left for `expire`; a retried request is never
+        Every deadline is planned against less `end_slip_ns`, how late batches have ended lately
+        past their plan. Requests that cannot make it even alone are left for `expire`; a retried request is never
         planned (it runs alone). In a `latency_bound` channel a single-batch plan drops nothing:
         the batch runs as planned, maybe late by a request's share, rather than refuse one."""
         base, per_item, per_token = self.cost.coefficients()
+        slip = self.end_slip_ns
         keep_single = self.latency_bound(limit)
         is_long = self.long_ledger.is_long
         kept: list[Item] = []
         tokens = 0
         for deadline, _, item in heapq.nsmallest(self.PLAN_BATCHES * limit, lane.heap):
-            if item.retries or start + base + per_item + per_token * item.tokens > deadline:
+            if item.retries or start + base + per_item + per_token * item.tokens > deadline - slip:
                 continue
             kept.append(item)
             tokens += item.tokens
@@ -122,7 +125,7 @@ class Planning:
                 count = len(kept)
                 batches = -(-count // limit)
                 end = start + base * batches + per_item * count + per_token * tokens
-                if end <= kept[(batches - 1) * limit].deadline_ns or (keep_single and batches == 1):
+                if end <= kept[(batches - 1) * limit].deadline_ns - slip or (keep_single and batches == 1):
                     break
                 guard = next((k for k in kept if is_long(k.tokens)), None) if long_first else None
                 drop = max(range(count), key=lambda i: (kept[i] is not guard, kept[i].tokens))
