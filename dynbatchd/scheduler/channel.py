@@ -53,6 +53,7 @@ class Channel(Admission, Planning):
         self.device_stretch = 1.0   # wall time per unit of its device time (`Scheduler._stretch`)
         self._slips: deque[int] = deque(maxlen=self.SLIP_BATCHES)   # recent batches' ends past their plan
         self.end_slip_ns = 0            # aimed before each deadline (`batch_ended`)
+        self._slips_new = 0             # batches since it was last read
         self._probed_ns = -self.PROBE_EVERY_NS   # when `expire` last let a hopeless request try
         self._spared: tuple[int, set[int]] = (0, set())   # (CostModel.disputes episode logged, keys it spared)
 
@@ -162,6 +163,7 @@ class Channel(Admission, Planning):
 
     SLIP_BATCHES = 64     # how many recent batches `end_slip_ns` reads
     SLIP_QUANTILE = 0.9
+    SLIP_EVERY = 8        # batches between readings, once SLIP_BATCHES are in
     SLIP_MAX_SHARE = 0.05   # of the channel's deadline: a stall (a pause, a slow device) does not empty every plan
 
     def batch_ended(self, batch: Batch, now_ns: int) -> None:
@@ -175,6 +177,10 @@ class Channel(Admission, Planning):
             return
         slips = self._slips
         slips.append(now_ns - batch.planned_end_ns)
+        self._slips_new += 1
+        if self._slips_new < self.SLIP_EVERY and len(slips) == self.SLIP_BATCHES:
+            return   # (read again every few batches: at batches of one or two, a sort per batch is a few % of the CPU)
+        self._slips_new = 0
         high = sorted(slips)[int(self.SLIP_QUANTILE * (len(slips) - 1))]
         self.end_slip_ns = max(0, min(high, int(self.SLIP_MAX_SHARE * self.settings.deadline_ms * MS)))
 
