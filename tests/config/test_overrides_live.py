@@ -93,3 +93,18 @@ def test_a_drop_in_that_no_longer_validates_is_refused_and_ignored(tmp_path):
         assert daemon.status()["overrides"] == {}
     finally:
         daemon.stop()
+
+
+def test_long_share_is_tuned_live_and_checked_like_the_file(tmp_path):
+    daemon = start_daemon(tmp_path, BODY)
+    try:
+        assert standard(daemon)["long_share"] == 0.9   # the default: long requests keep their share
+        assert cli(daemon, "tune", "standard", "--long-share", "0").exit_code == 0
+        assert standard(daemon)["long_share"] == 0.0
+        assert "long_share = { value = 0.0" in (tmp_path / "state" / "overrides.toml").read_text()
+        refused = cli(daemon, "tune", "standard", "--long-share", "1.5")
+        assert refused.exit_code != 0 and "channels.standard.long_share" in refused.output, refused.output
+        assert standard(daemon)["long_share"] == 0.0
+        assert daemon.status()["channels"]["standard"]["end_slip_ms"] >= 0.0
+    finally:
+        daemon.stop()
