@@ -2,8 +2,9 @@
 
     python -m benchmarks.longburst                # about 1 min
 
-A stand-in for a code-completion trace (issue 26; the real one is checked from
-outside): `benchmarks.traces.long_bursts`, short requests at ~18% load with a
+A stand-in for a code-completion trace (issue 26; the real one, the Azure
+release's AzureLLMInferenceTrace_code.csv, replays with
+``python -m benchmarks.bursty --trace PATH``): `benchmarks.traces.long_bursts`, short requests at ~18% load with a
 burst of long ones every 15 s (mean load ~47%), on the device and channels of
 `benchmarks.bursty`. Printed: on-time share of all requests and of the longest
 10%, and the latter as a part of FIFO-drop's (the bar: at least 0.9), for
