@@ -158,6 +158,7 @@ class Channel(Admission, Planning):
             window_end = min(window_end, lane.opened_ns + self.idle_hold_ns())
         # Close early when waiting longer would make the most urgent request miss (1 ns sooner than
         # the truncated estimate says: the plan cut then checks the same batch without truncating).
+        # Aim `end_slip_ns` sooner still: batches have lately ended that much past their plan.
         urgent = lane.head_deadline() - self.cost.estimate_ns(min(len(lane), limit), lane.tokens) - self.end_slip_ns - 1
         return min(window_end, urgent)
 

@@ -30,7 +30,8 @@ class Planning:
         start = now_ns if start_ns is None else start_ns
         picked = None
         if len(lane) > 1 and not self.settings.run_late and not lane.heap[0][2].retries and self._sizes_matter(lane):
-            picked = self._planned_first(lane, start, limit, cap, self.long_ledger.owed(self.settings.long_share), budget_ns)
+            owed = self.long_ledger.owed(self.settings.long_share)
+            picked = self._planned_first(lane, start, limit, cap, owed, budget_ns)
         if picked:
             items = lane.take(picked)
             tokens = sum(item.tokens for item in items)
@@ -107,8 +108,8 @@ class Planning:
         served than FIFO would have, `long_first`, `LongShare`), the earliest long request in the
         plan is dropped last: one at a time, so the short ones that fit beside it still run.
         Every deadline is planned against less `end_slip_ns`, how late batches have ended lately
-        past their plan. Requests that cannot make it even alone are left for `expire`; a retried request is never
-        planned (it runs alone). In a `latency_bound` channel a single-batch plan drops nothing:
+        past their plan. Requests that cannot make it even alone are left for `expire`; a retried
+        request is never planned (it runs alone). In a `latency_bound` channel a single-batch plan drops nothing:
         the batch runs as planned, maybe late by a request's share, rather than refuse one."""
         base, per_item, per_token = self.cost.coefficients()
         slip = self.end_slip_ns
