@@ -109,11 +109,9 @@ class Scheduler:
         wait = (ahead + channel.backlog_ns()) // max(1, devices)
         run = channel.cost.estimate_ns(1, item.tokens)
         if item.deadline_ns < now_ns + wait + run and channel.plans_by_size():
-            # Look closer where a backlog's plan serves smaller requests first (it drops the largest,
-            # and the ones that can no longer make it). Elsewhere refusing must stay cheap: past the
-            # peak most requests are refused.
-            start = now_ns + ahead // max(1, devices)
-            wait = (ahead + channel.planned_backlog_ns(item.tokens, start, devices)) // max(1, devices)
+            # Look closer where a backlog's plan serves smaller requests first (it drops the largest).
+            # Elsewhere refusing must stay cheap: past the peak most requests are refused.
+            wait = (ahead + channel.backlog_ns(up_to_tokens=item.tokens)) // max(1, devices)
         return channel.offer(item, now_ns, wait, run)
 
     def completed(self, batch: Batch, compute_ns: int, now_ns: int) -> None:

@@ -91,35 +91,21 @@ class Channel(Admission, Planning):
         rate = self._drain_read
         return int(self.depth / rate) if rate > 0 else 0
 
-    def backlog_ns(self) -> int:
-        """Device time the queued requests need, cut in full batches (the learned cost)."""
+    def backlog_ns(self, up_to_tokens: int | None = None) -> int:
+        """Device time the queued requests need, cut in full batches (the learned cost); with
+        `up_to_tokens`, only those no longer than that, which a backlog serves first."""
         if not self.depth:
             return 0
-        count, tokens = self.depth, 0
-        for lane in self.lanes.values():
-            tokens += lane.tokens
+        if up_to_tokens is None:
+            count, tokens = self.depth, 0
+            for lane in self.lanes.values():
+                tokens += lane.tokens
+        else:
+            sizes = [entry[2].tokens for lane in self.lanes.values() for entry in lane.heap
+                     if entry[2].tokens <= up_to_tokens]
+            count, tokens = len(sizes), sum(sizes)
         base, per_item, per_token = self.cost.coefficients()
         return int(base * -(-count // self.sizer.max_batch()) + per_item * count + per_token * tokens)
-
-    def planned_backlog_ns(self, up_to_tokens: int, start_ns: int, devices: int = 1) -> int:
-        """Device time a backlog's plan would run ahead of a request of `up_to_tokens` tokens: the
-        queued requests no longer than it (the plan drops the largest first), in deadline order,
-        each only if it could still end in time behind those before it, starting at `start_ns` on
-        `devices`. One that could not is dropped from the plan and waits to expire: it takes no
-        device time ahead of the newcomer, and counting it refused requests the plan would have
-        served (the Azure code trace at x60 and x80: ~80 of them). A full batch's fixed cost is
-        shared by its requests."""
-        base, per_item, per_token = self.cost.coefficients()
-        per_request = base / self.sizer.max_batch() + per_item
-        devices = max(1, devices)
-        work = 0.0
-        smaller = [entry for lane in self.lanes.values() for entry in lane.heap if entry[2].tokens <= up_to_tokens]
-        smaller.sort(key=lambda entry: entry[0])
-        for deadline, _, queued in smaller:
-            cost = per_request + per_token * queued.tokens
-            if start_ns + (work + cost) / devices <= deadline:
-                work += cost
-        return int(work)
 
     def _lane_key(self, item: Item) -> Hashable:
         """Which lane `item` belongs to: its model, its tenant in an isolated channel, its length

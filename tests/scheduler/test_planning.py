@@ -90,7 +90,7 @@ def test_a_planned_channel_is_not_refused_for_the_length_of_a_queue_its_plan_dro
     for i in range(200):
         assert channel.offer(item(0, 9000, 60_000), 0)
     small = item(0, 50, 1000)
-    wait = s.channels["c"].planned_backlog_ns(50, 0)   # nothing queued is that small: no wait
+    wait = s.channels["c"].backlog_ns(up_to_tokens=50)   # nothing queued is that small: no wait
     assert wait == 0
     assert channel.offer(small, MS, wait, channel.cost.estimate_ns(1, 50))
 
@@ -225,20 +225,3 @@ def test_a_window_closes_when_waiting_longer_would_make_its_batch_miss_the_earli
     assert s.poll(close - 1, free_slots=1).batches == []
     [batch] = s.poll(close, free_slots=1).batches
     assert batch.items == [first, second]
-
-
-def test_a_planned_channel_is_not_refused_for_queued_requests_that_can_no_longer_make_it():
-    # Max batch 4 (8 ms + 0.5 ms a request + 0.002 ms a token: 4.5 ms a request of 1,000 tokens in
-    # full batches). 50 such requests due at 30 ms: the plan keeps the 6 that fit and drops the rest,
-    # so a newcomer of the same size due at 100 ms waits ~27 ms, not the whole queue's 225 ms.
-    def offered(newcomer_deadline_ms: float, queued_deadline_ms: float) -> bool:
-        s = Scheduler(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, queue_limit=1000)}))
-        taught(s)
-        for _ in range(50):   # queued as a burst into an idle device is (no prediction made)
-            assert s.channels["c"].offer(item(0, 1000, queued_deadline_ms), 0)
-        assert s.channels["c"].plans_by_size()
-        return s.submit(item(1, 1000, newcomer_deadline_ms), MS, 1, idle=False)
-    assert offered(100, queued_deadline_ms=30)
-    # The same queue due at 1 s: all 50 can make it, and the plan keeps them (the newcomer is no
-    # smaller): 225 ms ahead of it, past its 100 ms. Refused.
-    assert not offered(100, queued_deadline_ms=1000)
