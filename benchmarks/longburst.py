@@ -22,7 +22,7 @@ import sys
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import simulate
 
-from benchmarks.bursty import DEADLINE_MS, DEVICE, setups
+from benchmarks.bursty import DEADLINE_MS, DEVICE, longest_tenth, setups
 from benchmarks.heuristics import edf_plan_drop_largest, fifo_drop_hopeless
 from benchmarks.traces import long_bursts
 
@@ -48,8 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in (int(s) for s in args.seeds.split(",")):
         trace = long_bursts(seed=seed)
         arrivals = trace.arrivals
-        cut = sorted(a.tokens for a in arrivals)[int(0.9 * len(arrivals))]
-        longest = [i for i, a in enumerate(arrivals) if a.tokens >= cut]
+        longest = longest_tenth(arrivals)
         fifo = fifo_drop_hopeless(arrivals, DEVICE, DEADLINE_MS)
         fifo_long = fifo.share(longest)
         load = f"{mean_load(arrivals):.0%}"
