@@ -58,6 +58,7 @@ class Admission:
             ledger = self.long_ledger
             ledger.batch_ns, ledger.max_batch = base, self.sizer.max_batch()
             ledger.stretch = self.device_stretch   # the shadow FIFO gets the device time this channel does
+            ledger.share = self.settings.long_share
             ledger.arrived(item.tokens, per_item + per_token * item.tokens, now_ns, item.deadline_ns)
         self.window.on_arrival(now_ns, item.tokens)
         return True

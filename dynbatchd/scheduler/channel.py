@@ -226,4 +226,5 @@ class Channel(Admission, Planning):
                 "mean_tokens": round(self.mean_tokens, 1),
                 "cost_ms": {"base": base / 1e6, "per_item": per_item / 1e6, "per_token": per_token / 1e6,
                             "samples": self.cost.samples},
-                "end_slip_ms": self.end_slip_ns / 1e6}
+                "end_slip_ms": self.end_slip_ns / 1e6,
+                "long_price": round(self.long_ledger.price, 3)}

@@ -9,8 +9,14 @@ This ledger runs a *shadow FIFO* beside the channel (FIFO that drops the
 hopeless, `benchmarks.heuristics.fifo_drop_hopeless`, online, on the learned
 cost) and counts the long requests it would have served against those the
 plan served, both decayed over the last ~`memory` arrivals. While the plan
-served fewer than `FIFO_SHARE` of FIFO's, long requests are owed, and the
-plan keeps its earliest long request to the last (`Channel._planned_first`).
+served fewer than the channel's ``long_share`` of FIFO's, long requests are
+owed, and their `price` rises; while they are not, it falls back towards 0.
+The plan drops the request of the most device time per unit of worth, a long
+one worth 1 + `price` (`Channel._planned_first`): a Lagrange multiplier on the
+share, found by dual ascent. What it displaces is the cheapest way to the share:
+the requests just under the long cut, not every short one beside a long one
+(guarding one long request a plan, the rule before, cost four to five times as
+many requests on the code-completion trace for the same share; docs/benchmarks.md).
 The shadow FIFO runs on the device time the channel gets: where channels of
 higher priority took a share of it lately, its work takes that much longer.
 Owed only what FIFO would have served: under an overload in which FIFO would
@@ -37,6 +43,9 @@ class LongShare:
         self.stretch = 1.0       # the channel's device time to wall time (channels above take a share)
         self.fifo_long = 0.0     # long requests the shadow FIFO served, decayed per arrival
         self.done_long = 0.0     # long requests the plan served, decayed per arrival
+        self.share = self.FIFO_SHARE   # of FIFO's long requests the plan owes (the channel's long_share)
+        self.price = 0.0         # what a long request is worth beyond one request to the plan
+        self.price_step = 1.0 / memory   # per arrival: the price moves by 1 at most over the ledger's memory
 
     def is_long(self, tokens: int) -> bool:
         """Above the running 90th percentile, by a margin (so requests all of one size are not)."""
@@ -46,7 +55,8 @@ class LongShare:
 
     def arrived(self, tokens: int, cost_ns: float, now_ns: int | None = None, deadline_ns: int | None = None) -> None:
         """Count a request in; with its arrival and deadline, the shadow FIFO sees it too
-        (`batch_ns`, `max_batch`: the channel's)."""
+        (`batch_ns`, `max_batch`: the channel's). The `price` of a long request then steps up
+        while long requests are owed and down while not (never under 0)."""
         if not self.seen:
             self.seen, self.cut = True, float(tokens)   # start the estimate at the first request seen
         step = max(1.0, 0.02 * self.cut)   # stochastic approximation of the quantile
@@ -56,6 +66,8 @@ class LongShare:
         if now_ns is not None and deadline_ns is not None:
             self._fifo_run(now_ns)
             self.fifo_queue.append((now_ns, deadline_ns, cost_ns * self.stretch, self.is_long(tokens)))
+        step = self.price_step if self.owed(self.share) else -self.price_step
+        self.price = max(0.0, self.price + step)
 
     def _fifo_run(self, now_ns: int) -> None:
         """Run the shadow FIFO up to `now_ns`: whenever its device is free, drop the queued requests

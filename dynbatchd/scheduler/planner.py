@@ -30,8 +30,8 @@ class Planning:
         start = now_ns if start_ns is None else start_ns
         picked = None
         if len(lane) > 1 and not self.settings.run_late and not lane.heap[0][2].retries and self._sizes_matter(lane):
-            owed = self.long_ledger.owed(self.settings.long_share)
-            picked = self._planned_first(lane, start, limit, cap, owed, budget_ns)
+            price = self.long_ledger.price if self.settings.long_share > 0 else 0.0
+            picked = self._planned_first(lane, start, limit, cap, price, budget_ns)
         if picked:
             items = lane.take(picked)
             tokens = sum(item.tokens for item in items)
@@ -96,7 +96,7 @@ class Planning:
     PLAN_BATCHES = 16   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn;
     # 16 batches of 32 cover the 1 s deadline of the Azure replay at x80, 8 did not: 90.20% -> 90.25%)
 
-    def _planned_first(self, lane: Lane, start: int, limit: int, cap: int, long_first: bool = False,
+    def _planned_first(self, lane: Lane, start: int, limit: int, cap: int, long_price: float = 0.0,
                        budget_ns: int | None = None) -> list[Item]:
         """The first batch of a plan that gets the most requests done in time (Moore and Hodgson's
         rule, for batches): take the queue in deadline order, cut it into full batches run one
@@ -104,9 +104,10 @@ class Planning:
         end past the earliest deadline in it, drop the largest request planned so far (it costs
         the most device time, so dropping it saves the most for the others) and plan on. The
         batch to run now is the plan's first. A dropped request is not refused: it waits, and a
-        later plan may still fit it, or `expire` answers it. While long requests are owed (fewer
-        served than FIFO would have, `long_first`, `LongShare`), the earliest long request in the
-        plan is dropped last: one at a time, so the short ones that fit beside it still run.
+        later plan may still fit it, or `expire` answers it. While long requests have a price
+        (fewer served lately than the channel's share of what FIFO would have, `LongShare`), a long
+        request counts 1 + `long_price` requests: the plan drops the request of the most device
+        time per request it counts, so the requests just under the long cut go before long ones.
         Every deadline is planned against less `end_slip_ns`, how late batches have ended lately
         past their plan. Requests that cannot make it even alone are left for `expire`; a retried
         request is never planned (it runs alone). In a `latency_bound` channel a single-batch plan drops nothing:
@@ -128,8 +129,11 @@ class Planning:
                 end = start + base * batches + per_item * count + per_token * tokens
                 if end <= kept[(batches - 1) * limit].deadline_ns - slip or (keep_single and batches == 1):
                     break
-                guard = next((k for k in kept if is_long(k.tokens)), None) if long_first else None
-                drop = max(range(count), key=lambda i: (kept[i] is not guard, kept[i].tokens))
+                if long_price:
+                    drop = max(range(count), key=lambda i: (per_item + per_token * kept[i].tokens)
+                               / (1.0 + long_price * is_long(kept[i].tokens)))
+                else:
+                    drop = max(range(count), key=lambda i: kept[i].tokens)
                 tokens -= kept.pop(drop).tokens
         chosen: list[Item] = []
         tokens = 0

@@ -106,5 +106,6 @@ def test_long_share_is_tuned_live_and_checked_like_the_file(tmp_path):
         assert refused.exit_code != 0 and "channels.standard.long_share" in refused.output, refused.output
         assert standard(daemon)["long_share"] == 0.0
         assert daemon.status()["channels"]["standard"]["end_slip_ms"] >= 0.0
+        assert daemon.status()["channels"]["standard"]["long_price"] >= 0.0
     finally:
         daemon.stop()

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
+
 from dynbatchd.config import ChannelSettings
 from dynbatchd.scheduler import MS, Item, Scheduler, build_channels
 from dynbatchd.scheduler.longshare import LongShare
@@ -40,39 +42,59 @@ def test_a_request_that_would_make_a_member_late_waits_even_when_one_batch_takes
     assert second.items == [long]
 
 
-def test_while_long_requests_are_owed_the_earliest_long_one_leaves_the_plan_last():
-    # Everything is due at 30 ms; batches take 8 ms + 0.5 ms a request + 0.002 ms a token. Unowed, the
-    # plan drops the largest requests (9,000 then 2,000 tokens) and runs the two short ones. Owed, the
-    # earliest long request (9,000, queued first) is kept: the plan drops 2,000 and then 120 instead,
-    # and runs 100 with 9,000 (27.2 ms). Only one long request is guarded, so a plan owed to long
-    # requests still serves the short ones that fit beside it.
-    def plan(owed: bool) -> list[int]:
-        s = scheduler(max_batch=2)
-        for it in [item(0, t, deadline_ms=30) for t in (100, 9000, 120, 2000)]:
-            assert s.submit(it, 0)
-        ledger = s.channels["c"].long_ledger
-        ledger.cut, ledger.fifo_long, ledger.done_long = 1000.0, 10.0, (1.0 if owed else 10.0)
-        assert ledger.owed() == owed
-        [batch] = s.poll(0, free_slots=1).batches
-        return [it.tokens for it in batch.items]
-    assert plan(owed=False) == [100, 120]
-    assert plan(owed=True) == [100, 9000]
+def _first_batch(long_price: float, long_share: float = 0.9) -> list[int]:
+    """The first batch planned of four requests due at 36 ms, two at a time, a long request
+    (above 5,250 tokens) worth 1 + `long_price` requests."""
+    s = scheduler(max_batch=2, long_share=long_share)
+    for it in [item(0, t, deadline_ms=36) for t in (100, 9000, 120, 2000)]:
+        assert s.submit(it, 0)
+    ledger = s.channels["c"].long_ledger
+    ledger.cut, ledger.price = 5000.0, long_price
+    assert s.channels["c"].snapshot(0)["long_price"] == long_price   # what `status` shows
+    [batch] = s.poll(0, free_slots=1).batches
+    return [it.tokens for it in batch.items]
 
 
-def test_a_channel_with_long_share_0_owes_long_requests_nothing():
-    # The same queue and ledger as above, long requests owed at the default long_share; with
-    # long_share = 0 the rule is off: the plan drops the largest, long or not.
-    def plan(long_share: float) -> list[int]:
-        s = scheduler(max_batch=2, long_share=long_share)
-        for it in [item(0, t, deadline_ms=30) for t in (100, 9000, 120, 2000)]:
-            assert s.submit(it, 0)
-        ledger = s.channels["c"].long_ledger
-        ledger.cut, ledger.fifo_long, ledger.done_long = 1000.0, 10.0, 1.0
-        assert ledger.owed(long_share) == (long_share > 0)
-        [batch] = s.poll(0, free_slots=1).batches
-        return [it.tokens for it in batch.items]
-    assert plan(long_share=0.9) == [100, 9000]
-    assert plan(long_share=0.0) == [100, 120]
+def test_the_plan_drops_the_most_device_time_per_request_it_counts():
+    # Batches take 8 ms + 0.5 ms a request + 0.002 ms a token: all four need 40.4 ms, so one
+    # leaves the plan. Unpriced, the largest (9,000 tokens, 18.5 ms of its own) goes and the
+    # first batch is the two short ones. At a price of 3 the long one counts 4 requests, 4.6 ms
+    # each, still more than the 2,000 (4.5 ms): it goes. At 4 it counts 5, 3.7 ms each, so the
+    # 2,000 goes instead, and the rest (35.9 ms) still ends by 36 ms: the long one runs first.
+    assert _first_batch(long_price=0.0) == [100, 120]
+    assert _first_batch(long_price=3.0) == [100, 120]
+    assert _first_batch(long_price=4.0) == [100, 9000]
+
+
+def test_a_channel_with_long_share_0_prices_long_requests_at_nothing():
+    # The same queue, a price of 4 left from before the operator set long_share = 0 (tune): the
+    # rule is off at once, and the plan drops the largest, long or not.
+    assert _first_batch(long_price=4.0, long_share=0.9) == [100, 9000]
+    assert _first_batch(long_price=4.0, long_share=0.0) == [100, 120]
+
+
+def test_the_price_of_a_long_request_rises_while_owed_and_falls_back_to_zero():
+    ledger = LongShare(memory=100)   # a step of 1/100 a request
+    ledger.fifo_long, ledger.done_long = 10.0, 1.0   # the plan served a tenth of what FIFO would have
+    for _ in range(50):
+        ledger.arrived(100, 0.7e6)
+    assert ledger.price == pytest.approx(0.5)
+    ledger.done_long = 10.0                          # caught up: no longer owed
+    for _ in range(30):
+        ledger.arrived(100, 0.7e6)
+    assert ledger.price == pytest.approx(0.2)
+    for _ in range(30):
+        ledger.arrived(100, 0.7e6)
+    assert ledger.price == 0.0                       # never under 0
+
+
+def test_the_price_stays_at_zero_where_the_channel_owes_long_requests_nothing():
+    ledger = LongShare(memory=100)
+    ledger.share = 0.0                               # the channel's long_share = 0
+    ledger.fifo_long, ledger.done_long = 10.0, 1.0
+    for _ in range(50):
+        ledger.arrived(100, 0.7e6)
+    assert ledger.price == 0.0
 
 
 def test_a_ledger_is_owed_up_to_the_share_asked():
