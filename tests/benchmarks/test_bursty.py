@@ -35,6 +35,11 @@ def test_it_replays_another_trace_and_prints_the_long_share_trade(tmp_path, caps
     out = capsys.readouterr().out
     assert "trace code.csv" in out and "SIMULATED" in out
     assert "| x40 | deadline-order plan, drop the largest |" in out
+    table = [line.split("|") for line in out.split("\n\n")[1].splitlines() if line.startswith("| x40 |")]
+    on_time = {cells[2].strip(): float(cells[3].strip(" %")) for cells in table}
+    bound = on_time.pop("upper bound: no schedule does more")
+    assert len(on_time) == 6 and all(share <= bound for share in on_time.values())   # (both to 2 decimals)
+    assert "| x40 | (upper bound at 0.9 of FIFO-drop's) |" in out
     trade = [line for line in out.splitlines() if line.startswith("| x40 | 0") or "(the planner)" in line]
     assert [line.split("|")[2].strip() for line in trade] == ["(the planner)", "0", "0.9"]
     for line in trade[1:]:   # on time, requests less the planner's, longest tenth of FIFO-drop's
