@@ -81,3 +81,39 @@ def most_on_time(arrivals: Sequence[Arrival], device: DeviceModel, deadline_ms: 
         best = min(best, value)
         low, high = (mid, high) if long < floor else (low, mid)
     return min(best, bound(high)[0])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the bound per speed-up, and how much of it is partial credit: the requests the fluid
+    optimum serves whole are themselves a feasible (preemptive) schedule, so the few it serves in
+    part are all the slack that relaxation adds."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from benchmarks.bursty import DEADLINE_MS, DEVICE
+    from benchmarks.traces import AZURE_CSV, azure_available
+    from dynbatchd.simulate import read_trace_csv
+
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.bound", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--trace", type=Path, default=AZURE_CSV, help="a CSV in the Azure LLM trace format")
+    ap.add_argument("--speedups", default="40,60,80", help="trace speed-ups, comma-separated")
+    args = ap.parse_args(argv)
+    if not azure_available(args.trace):
+        print(f"the trace {args.trace} is missing", file=sys.stderr)
+        return 2
+    print("python -m benchmarks.bound " + " ".join(argv if argv is not None else sys.argv[1:]))
+    print(f"trace {args.trace.name}; SIMULATED device as benchmarks.bursty; deadline {DEADLINE_MS:g} ms\n")
+    print("| speed-up | upper bound (requests) | served whole | served in part |")
+    print("|---|---|---|---|")
+    rows = read_trace_csv(args.trace)
+    for speedup in (float(s) for s in args.speedups.split(",")):
+        arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
+        parts = fluid_parts(arrivals, DEVICE, DEADLINE_MS)
+        whole = int((parts > 1 - 1e-9).sum())
+        print(f"| x{speedup:g} | {parts.sum():.1f} | {whole} | {int((parts > 1e-9).sum()) - whole} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -62,3 +62,20 @@ def test_no_schedule_the_replays_make_beats_the_bound(seed):
                  arrivals, device=device)
     assert r.total().on_time <= bound + 1e-6
     assert bound < len(arrivals)   # the bursts overload the device: the bound is not trivial
+
+
+def test_the_command_prints_the_bound_and_how_much_of_it_is_partial_credit(tmp_path, capsys):
+    # Three requests of 200,000 tokens at once on the benchmark's device (8 ms + 0.5 ms + 0.002 ms a
+    # token), due in 1 s: each costs 400.5 ms and a batch's share of the fixed cost, 0.25 ms. Two
+    # fit whole; the third gets what is left of the second, in part.
+    from benchmarks.bound import main
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     + "".join(f"2023-11-16 18:15:46.000000,{200_000},10\n" for _ in range(3)))
+    assert main(["--trace", str(trace), "--speedups", "1"]) == 0
+    row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| x1 |")]
+    bound, whole, part = (float(cell) for cell in row[0].strip("|").split("|")[1:])
+    work = 400.5 + 8 / 32
+    assert (whole, part) == (2, 1)
+    assert bound == pytest.approx(2 + (1000 - 2 * work) / work, abs=0.05)
