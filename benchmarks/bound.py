@@ -88,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     optimum serves whole are themselves a feasible (preemptive) schedule, so the few it serves in
     part are all the slack that relaxation adds."""
     import argparse
+    import shlex
     import sys
     from pathlib import Path
 
@@ -102,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     if not azure_available(args.trace):
         print(f"the trace {args.trace} is missing", file=sys.stderr)
         return 2
-    print("python -m benchmarks.bound " + " ".join(argv if argv is not None else sys.argv[1:]))
+    print("python -m benchmarks.bound " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
     print(f"trace {args.trace.name}; SIMULATED device as benchmarks.bursty; deadline {DEADLINE_MS:g} ms\n")
     print("| speed-up | upper bound (requests) | served whole | served in part |")
     print("|---|---|---|---|")

@@ -72,7 +72,7 @@ def test_the_command_prints_the_bound_and_how_much_of_it_is_partial_credit(tmp_p
 
     trace = tmp_path / "trace.csv"
     trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                     + "".join(f"2023-11-16 18:15:46.000000,{200_000},10\n" for _ in range(3)))
+                     + "2023-11-16 18:15:46.000000,200000,10\n" * 3)
     assert main(["--trace", str(trace), "--speedups", "1"]) == 0
     row = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| x1 |")]
     bound, whole, part = (float(cell) for cell in row[0].strip("|").split("|")[1:])
