@@ -17,11 +17,17 @@ the best worth (a long request worth 1 + p) less p times the floor.
 
 from __future__ import annotations
 
+import argparse
+import shlex
+import sys
+from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
-from dynbatchd.simulate import Arrival, DeviceModel
+from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv
+
+from benchmarks.traces import AZURE_CSV, azure_available
 
 MS = 1_000_000
 
@@ -87,14 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     """Print the bound per speed-up, and how much of it is partial credit: the requests the fluid
     optimum serves whole are themselves a feasible (preemptive) schedule, so the few it serves in
     part are all the slack that relaxation adds."""
-    import argparse
-    import shlex
-    import sys
-    from pathlib import Path
-
-    from benchmarks.bursty import DEADLINE_MS, DEVICE
-    from benchmarks.traces import AZURE_CSV, azure_available
-    from dynbatchd.simulate import read_trace_csv
+    from benchmarks.bursty import DEADLINE_MS, DEVICE   # here: bursty imports this module
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bound", description=__doc__.split("\n\n")[0])
     ap.add_argument("--trace", type=Path, default=AZURE_CSV, help="a CSV in the Azure LLM trace format")
