@@ -53,6 +53,7 @@ class Admission:
         self._arrivals = self.arrival_rate(now_ns) + 1 / self.ARRIVAL_TAU_NS
         self._arrivals_at = now_ns
         self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
+        self.median_tokens.add(item.tokens)
         if self.cost.tokens_matter:   # once tokens are known to cost nothing, no ledger
             base, per_item, per_token = self.cost.coefficients()
             ledger = self.long_ledger

@@ -20,6 +20,7 @@ from typing import Any, Hashable
 from dynbatchd.scheduler.longshare import LongShare
 from dynbatchd.scheduler.cost import CostModel
 from dynbatchd.scheduler.policies import MS, BatchSizer, LaneState, WindowPolicy
+from dynbatchd.scheduler.quantile import RunningQuantile
 from dynbatchd.telemetry import ChannelStats
 from dynbatchd.scheduler.admission import Admission
 from dynbatchd.scheduler.lanes import NEVER, Batch, Item, Lane  # noqa: F401  (re-exported)
@@ -48,6 +49,7 @@ class Channel(Admission, Planning):
         self._arrivals = 0.0            # accepted requests per ns, decayed over ARRIVAL_TAU_NS
         self._arrivals_at = 0
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
+        self.median_tokens = RunningQuantile(0.5)   # of accepted requests: the usual one (`latency_bound`)
         self.last_window_ns: int | None = None
         self.long_ledger = LongShare()
         self.device_stretch = 1.0   # wall time per unit of its device time (`Scheduler._stretch`)

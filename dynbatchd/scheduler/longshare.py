@@ -28,14 +28,15 @@ from __future__ import annotations
 
 from collections import deque
 
+from dynbatchd.scheduler.quantile import RunningQuantile
+
 
 class LongShare:
     QUANTILE = 0.9
 
     def __init__(self, memory: int = 3000):
         self.decay = 1.0 - 1.0 / memory
-        self.cut = 0.0           # running estimate of the tokens 90th percentile
-        self.seen = False
+        self._cut = RunningQuantile(self.QUANTILE)   # of requests' tokens
         self.fifo_queue: deque = deque()   # the shadow FIFO's queue: (arrival, deadline, work, long)
         self.fifo_free = 0       # when the shadow FIFO's device is next free
         self.batch_ns = 0.0      # a batch's fixed cost, ns (learned: set by the channel)
@@ -47,6 +48,15 @@ class LongShare:
         self.price = 0.0         # what a long request is worth beyond one request to the plan
         self.price_step = 1.0 / memory   # per arrival: the price moves by 1 at most over the ledger's memory
 
+    @property
+    def cut(self) -> float:
+        """The running estimate of the requests' tokens 90th percentile."""
+        return self._cut.value
+
+    @cut.setter
+    def cut(self, tokens: float) -> None:
+        self._cut.value, self._cut.seen = float(tokens), True
+
     def is_long(self, tokens: int) -> bool:
         """Above the running 90th percentile, by a margin (so requests all of one size are not)."""
         return tokens > 1.05 * self.cut + 1
@@ -57,10 +67,7 @@ class LongShare:
         """Count a request in; with its arrival and deadline, the shadow FIFO sees it too
         (`batch_ns`, `max_batch`: the channel's). The `price` of a long request then steps up
         while long requests are owed and down while not (never under 0)."""
-        if not self.seen:
-            self.seen, self.cut = True, float(tokens)   # start the estimate at the first request seen
-        step = max(1.0, 0.02 * self.cut)   # stochastic approximation of the quantile
-        self.cut = max(0.0, self.cut + step * (self.QUANTILE - (tokens <= self.cut)))
+        self._cut.add(tokens)
         self.fifo_long *= self.decay
         self.done_long *= self.decay
         if now_ns is not None and deadline_ns is not None:

@@ -55,7 +55,6 @@ def first_batch_of_a_late_single_batch_plan(deadline_ms: float) -> list[int]:
     a, big, b = item(0, 10, 20), item(0, 40, 30), item(0, 10, 30)
     for it in (a, big, b):
         assert s.channels["c"].offer(it, 0)
-    s.channels["c"].mean_tokens = 10.0
     [batch] = s.poll(0, free_slots=1).batches
     return [it.tokens for it in batch.items]
 
@@ -65,6 +64,36 @@ def test_a_channel_whose_deadline_is_shorter_than_a_full_batch_drops_nothing_fro
     # so it runs (issue 30); with a 1 s deadline the plan drops it and it makes the next batch.
     assert first_batch_of_a_late_single_batch_plan(50) == [10, 40, 10]
     assert first_batch_of_a_late_single_batch_plan(1000) == [10, 10]
+
+
+def test_a_burst_that_one_batch_would_answer_mostly_late_is_planned_not_kept():
+    # Twenty requests of 10 tokens at once, all due at 50 ms: one batch of them ends at 68.2 ms and
+    # would answer every one late. Most of it late, the 50 ms channel drops as any plan does: the
+    # thirteen that end by 47.1 ms run now (keeping all twenty answered none of such bursts on time).
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=32, window_ms=0, deadline_ms=50)}))
+    cost = s.channels["c"].cost
+    for size, tokens in [(1, 8), (2, 24), (4, 40), (8, 90), (3, 20)] * 5:
+        cost.observe(size, tokens, int((7.65 + 0.53 * size + 0.25 * tokens) * MS), 0)
+    for _ in range(20):
+        assert s.channels["c"].offer(item(0, 10, 50), 0)
+    assert s.channels["c"].latency_bound(32)
+    [batch] = s.poll(0, free_slots=1).batches
+    assert len(batch.items) == 13
+    assert cost.estimate_ns(13, 130) <= 50 * MS < cost.estimate_ns(14, 140)
+
+
+def test_a_channel_is_latency_bound_by_its_median_request_not_a_mean_a_few_huge_ones_pull_up():
+    # 1 s deadline, 8 ms + 0.5 ms a request + 0.002 ms a token. Nine in ten requests of 7,000
+    # tokens, one of 126,000: a full batch of the median request takes 472 ms, of the mean (18,900)
+    # 1.23 s. The channel plans as any other (a burst of big ones is dropped from, not kept late).
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=32, window_ms=0, deadline_ms=1000)}))
+    taught(s)
+    channel = s.channels["c"]
+    for k in range(400):
+        assert channel.offer(item(0, 126_000 if k % 10 == 9 else 7_000, 1000), 0)
+    assert channel.cost.estimate_ns(32, int(32 * channel.mean_tokens)) > 1000 * MS
+    assert abs(channel.median_tokens.value - 7_000) < 0.05 * 7_000
+    assert not channel.latency_bound(32)
 
 
 def test_a_plan_that_fits_is_earliest_deadline_first_in_full_batches():
