@@ -5,7 +5,9 @@
     python -m benchmarks.bursty --live          # also x40 and x60 through the live daemon; about 3 min
     python -m benchmarks.bursty --perturb       # also each speed-up with its clock scaled by 1 +- k/10,000
     python -m benchmarks.bursty --trace AzureLLMInferenceTrace_code.csv --long-shares 0,0.5,0.9,1
-                                                # another trace of the same format; what long_share trades
+                                                # another trace; what long_share trades
+    python -m benchmarks.bursty --trace conversation_trace.jsonl --speedups 4,8,12
+                                                # the Mooncake trace (any format read_trace_csv reads)
 
 One channel, max_batch 32, deadline 1,000 ms, the device 8 ms + 0.5 ms/item +
 0.002 ms/token, every request at its own size. dynbatchd's engine (windows
@@ -65,8 +67,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--perturb", action="store_true",
                     help="also replay each speed-up with the trace's clock scaled by 1 +- k/10,000 (about 4 min)")
     ap.add_argument("--trace", type=Path, default=AZURE_CSV,
-                    help="a CSV of TIMESTAMP and ContextTokens rows (the Azure LLM trace format; "
-                         "default: the conversation trace in ../shared/data)")
+                    help="a real trace: Azure LLM CSV, BurstGPT CSV or Mooncake JSON lines "
+                         "(default: the conversation trace in ../shared/data)")
     ap.add_argument("--long-shares", default="",
                     help="also the fixed 10 ms setup at each channel long_share given, comma-separated")
     args = ap.parse_args(argv)

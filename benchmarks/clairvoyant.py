@@ -194,7 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.bursty import DEADLINE_MS, DEVICE, FAIR_SHARE, longest_tenth   # here: bursty imports bound
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.clairvoyant", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", type=Path, default=AZURE_CSV, help="a CSV in the Azure LLM trace format")
+    ap.add_argument("--trace", type=Path, default=AZURE_CSV,
+                    help="a real trace: Azure LLM CSV, BurstGPT CSV or Mooncake JSON lines")
     ap.add_argument("--speedups", default="40,60,80", help="trace speed-ups, comma-separated")
     args = ap.parse_args(argv)
     if not azure_available(args.trace):

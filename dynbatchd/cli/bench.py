@@ -119,7 +119,7 @@ def bench(ctx: typer.Context,
           mix: str = typer.Option("7:2:1", "--mix", help="Request mix short:medium:long (the guide's classes: "
                                                          "16-512, 513-2048, 2049-12000 tokens)."),
           trace: Optional[Path] = typer.Option(None, "--trace",
-                                               help="Take request sizes from a CSV (ContextTokens) instead of --mix."),
+                                               help="Take request sizes from a real trace (any --trace format of simulate) instead of --mix."),
           duration_s: Optional[float] = typer.Option(None, "--duration-s", min=0.1,
                                                      help="Measured seconds per cell (default 10; --quick 1)."),
           warmup_s: Optional[float] = typer.Option(None, "--warmup-s", min=0.0,

@@ -186,8 +186,9 @@ def capacity(ctx: typer.Context,
              tokens: Optional[int] = typer.Option(None, "--tokens", min=0,
                                                   help="Tokens per request (default: the guide's 7:2:1 mix)."),
              trace: Optional[Path] = typer.Option(None, "--trace",
-                                                  help="Take arrivals and sizes from a CSV (TIMESTAMP, "
-                                                       "ContextTokens), its mean rate scaled to the peak rate."),
+                                                  help="Take arrivals and sizes from a real trace (Azure LLM CSV, "
+                                                       "BurstGPT CSV or Mooncake JSON lines), its mean rate "
+                                                       "scaled to the peak rate."),
              profile: str = typer.Option("h100-80gb", "--profile",
                                          help=f"Device profile: shipped ({', '.join(cap.shipped_profiles())}) "
                                               "or a TOML file; several, comma-separated, for a mixed pool "

@@ -42,7 +42,7 @@ def poisson_arrivals(rate_rps: float, duration_s: float, seed: int, urgent_share
 
 
 def trace_arrivals(path: Path, compress: float, seed: int = 1, urgent_share: float = 0.0) -> list[Arrival]:
-    """A CSV with TIMESTAMP and ContextTokens columns (the Azure LLM trace format), sped up ×compress;
+    """A real trace (`read_trace_csv`: Azure LLM, BurstGPT or Mooncake format), sped up ×compress;
     a seeded `urgent_share` of the requests is tagged ``urgent``, as in the Poisson traffic."""
     rng = random.Random(seed)
     return [Arrival(int(at / compress * SECOND), tokens, tags=("urgent",) if rng.random() < urgent_share else ())
@@ -92,7 +92,8 @@ def simulate(ctx: typer.Context,
              urgent_share: float = typer.Option(0.1, "--urgent-share", min=0.0, max=1.0,
                                                 help="Fraction of requests tagged urgent (Poisson or --trace)."),
              trace: Optional[Path] = typer.Option(None, "--trace",
-                                                  help="Replay a CSV (TIMESTAMP, ContextTokens) instead of Poisson."),
+                                                  help="Replay a real trace instead of Poisson: Azure LLM CSV "
+                                                       "(TIMESTAMP, ContextTokens), BurstGPT CSV or Mooncake JSON lines."),
              compress: float = typer.Option(1.0, "--compress", min=0.001, help="Speed-up of the --trace times."),
              seed: int = typer.Option(1, "--seed", help="Random seed (the run is deterministic)."),
              scenario: Optional[str] = typer.Option(None, "--scenario",

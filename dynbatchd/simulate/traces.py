@@ -1,4 +1,4 @@
-"""Arrivals to replay: one record type, one CSV reader, one token mix.
+"""Arrivals to replay: one record type, one reader of real traces, one token mix.
 
 Every generator takes a seed, so a replay is deterministic.
 """
@@ -6,6 +6,7 @@ Every generator takes a seed, so a replay is deterministic.
 from __future__ import annotations
 
 import csv
+import json
 import random
 from dataclasses import dataclass
 from datetime import datetime
@@ -64,18 +65,32 @@ def poisson_times(rng: random.Random, rate_rps: float, start_ns: int, end_ns: in
 
 
 def read_trace_csv(path: Any) -> list[tuple[float, int]]:
-    """(seconds since the first request, tokens) per row of a CSV with TIMESTAMP and
-    ContextTokens columns (the Azure LLM inference trace format), in time order."""
-    rows = []
+    """(seconds since the first request, tokens) per request of a real trace, in time order. Three
+    public formats, told apart by their first line: a CSV with TIMESTAMP and ContextTokens
+    columns (the Azure LLM inference traces), a CSV with Timestamp (seconds) and Request tokens
+    columns (BurstGPT), or JSON lines with timestamp (milliseconds) and input_length (Mooncake)."""
     with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            # "2023-11-16 18:15:46.6805900": seven fractional digits, more than datetime takes
-            stamp, _, frac = row["TIMESTAMP"].partition(".")
-            at = datetime.fromisoformat(stamp).timestamp() + (float("0." + frac) if frac else 0.0)
-            rows.append((at, int(row["ContextTokens"])))
+        first = f.readline()
+        f.seek(0)
+        if first.lstrip().startswith("{"):
+            rows = [(record["timestamp"] / 1000.0, int(record["input_length"]))
+                    for record in map(json.loads, filter(str.strip, f))]
+        elif "TIMESTAMP" in first:
+            rows = [(_azure_seconds(row["TIMESTAMP"]), int(row["ContextTokens"])) for row in csv.DictReader(f)]
+        elif "Timestamp" in first and "Request tokens" in first:
+            rows = [(float(row["Timestamp"]), int(row["Request tokens"])) for row in csv.DictReader(f)]
+        else:
+            raise ValueError(f"{path}: not a trace this reads (a CSV with TIMESTAMP and ContextTokens, or "
+                             "Timestamp and Request tokens; or JSON lines with timestamp and input_length)")
     rows.sort()
     t0 = rows[0][0] if rows else 0.0
     return [(t - t0, tokens) for t, tokens in rows]
+
+
+def _azure_seconds(stamp: str) -> float:
+    # "2023-11-16 18:15:46.6805900": seven fractional digits, more than datetime takes
+    whole, _, frac = stamp.partition(".")
+    return datetime.fromisoformat(whole).timestamp() + (float("0." + frac) if frac else 0.0)
 
 
 def as_arrival(entry: Any) -> Arrival:

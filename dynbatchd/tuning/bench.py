@@ -87,7 +87,7 @@ def parse_mix(text: str) -> tuple[float, float, float]:
 
 
 def token_sampler(mix: str | None, trace: str | None, seed: int) -> Callable[[], int]:
-    """Request sizes: from a trace's ContextTokens (cycled in order), else drawn from the mix."""
+    """Request sizes: from a real trace's, in time order (cycled), else drawn from the mix."""
     rng = random.Random(seed)
     if trace is not None:
         sizes = [tokens for _, tokens in read_trace_csv(trace)]
