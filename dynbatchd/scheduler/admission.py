@@ -61,6 +61,9 @@ class Admission:
             ledger.stretch = self.device_stretch   # the shadow FIFO gets the device time this channel does
             ledger.share = self.settings.long_share
             ledger.arrived(item.tokens, per_item + per_token * item.tokens, now_ns, item.deadline_ns)
+            work = per_item + per_token * item.tokens + base / self.sizer.max_batch()
+            self._load = self.arrival_load(now_ns) + work / (self.settings.deadline_ms * MS)
+            self._load_at = now_ns
         self.window.on_arrival(now_ns, item.tokens)
         return True
 

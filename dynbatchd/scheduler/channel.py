@@ -49,6 +49,8 @@ class Channel(Admission, Planning):
         self._arrivals = 0.0            # accepted requests per ns, decayed over ARRIVAL_TAU_NS
         self._arrivals_at = 0
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
+        self._load = 0.0                # `arrival_load`, as of _load_at
+        self._load_at = 0
         self.median_tokens = RunningQuantile(0.5)   # of accepted requests: the usual one (`latency_bound`)
         self.last_window_ns: int | None = None
         self.long_ledger = LongShare()
@@ -67,6 +69,12 @@ class Channel(Admission, Planning):
     def arrival_rate(self, now_ns: int) -> float:
         """Accepted requests per ns, recently."""
         return self._arrivals * math.exp(-(now_ns - self._arrivals_at) / self.ARRIVAL_TAU_NS)
+
+    def arrival_load(self, now_ns: int) -> float:
+        """Device time per unit of time that the requests accepted over about the last deadline
+        ask for (by the learned cost; 1: one device's worth). Under 1, a plan may spend a batch's
+        fixed cost to keep a request (`_cut_plan`): the lull after the burst pays for it."""
+        return self._load * math.exp(-(now_ns - self._load_at) / (self.settings.deadline_ms * MS))
 
     def quiet(self, now_ns: int) -> bool:
         """Nothing queued, and no request accepted for ARRIVAL_TAU_NS (or ever)."""

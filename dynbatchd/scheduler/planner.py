@@ -1,13 +1,38 @@
 """A channel's batch planner: `form` cuts a ready lane's batch, `_planned_first` picks its
-requests (the queue in deadline order cut into full batches; sizes planned where tokens outweigh
-the per-batch cost; long requests kept to their share). A base of `Channel`.
+requests (the queue in deadline order cut into full batches, or where deadlines need it when the
+channel is light; sizes planned where tokens outweigh the per-batch cost; long requests kept to
+their share). A base of `Channel`.
 """
 
 from __future__ import annotations
 
 import heapq
+from typing import Callable
 
 from dynbatchd.scheduler.lanes import Batch, Item, Lane
+
+
+class _CutPlan:
+    """A plan being cut (`Planning._cut_plan`): where its last batch ends, and how big its first is."""
+
+    def __init__(self, start: int):
+        self.end = start
+        self.first = 0       # the first batch's size, once a second opens (0: one batch so far)
+        self.size = 0        # the last batch's
+        self.due = 0         # the last batch's first deadline, less the slip
+
+    def place(self, item: Item, limit: int, slip: int, coefficients: tuple[float, float, float]) -> bool:
+        """Put `item` in the last batch, or in a new one; False (the plan unchanged) if either ends late."""
+        base, per_item, per_token = coefficients
+        own = per_item + per_token * item.tokens
+        if self.size and self.size < limit and self.end + own <= self.due:
+            self.end, self.size = self.end + own, self.size + 1
+            return True
+        if self.end + base + own > item.deadline_ns - slip:
+            return False
+        self.first = self.first or self.size
+        self.end, self.size, self.due = self.end + base + own, 1, item.deadline_ns - slip
+        return True
 
 
 class Planning:
@@ -105,6 +130,25 @@ class Planning:
         late = sum(1 for item in kept if item.deadline_ns - slip < end)
         return 2 * late <= len(kept)
 
+    def _cut_plan(self, candidates: list[Item], start: int, limit: int, slip: int,
+                  costliest: Callable[[list[Item]], int]) -> tuple[list[Item], list[Item]]:
+        """The plan of `candidates` (deadline order) with batches cut where they must be, not only
+        when full: a request joins the last batch while that batch's first still ends in time,
+        else opens a batch of its own; when even that would end late, the request of most
+        device time per request it counts leaves the plan. Returns (what it keeps, its first batch)."""
+        kept: list[Item] = []
+        plan = _CutPlan(start)
+        for item in candidates:
+            kept.append(item)
+            while not plan.place(item, limit, slip, self.cost.coefficients()):
+                gone = costliest(kept)
+                del kept[gone]
+                if gone == len(kept):
+                    break   # (it was this request)
+                plan = _CutPlan(start)
+                kept[:-1] = [e for e in kept[:-1] if plan.place(e, limit, slip, self.cost.coefficients())]
+        return kept, kept[:plan.first or len(kept)]
+
     PLAN_BATCHES = 16   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn;
     # 16 batches of 32 cover the 1 s deadline of the Azure replay at x80, 8 did not: 90.20% -> 90.25%)
 
@@ -123,16 +167,30 @@ class Planning:
         Every deadline is planned against less `end_slip_ns`, how late batches have ended lately
         past their plan. Requests that cannot make it even alone are left for `expire`; a retried
         request is never planned (it runs alone). In a `latency_bound` channel a single-batch plan
-        that is mostly on time drops nothing: it runs late at its head rather than refuse one."""
+        that is mostly on time drops nothing: it runs late at its head rather than refuse one.
+        Where the plan dropped some and the channel is light (`arrival_load` under one device,
+        counting the share channels above it take), the batches may be cut short of full where a
+        deadline needs it (`_cut_plan`): if that keeps more, its first batch runs. A big request
+        then waits for the next batch instead of leaving the plan, and the lull after the burst
+        pays the extra batch's fixed cost; under a sustained overload, what arrives next would pay."""
         base, per_item, per_token = self.cost.coefficients()
         slip = self.end_slip_ns
         keep_single = self.latency_bound(limit)
         is_long = self.long_ledger.is_long
+        if long_price:
+            def costliest(kept: list[Item]) -> int:   # the most device time per request it counts
+                return max(range(len(kept)), key=lambda i: (per_item + per_token * kept[i].tokens)
+                           / (1.0 + long_price * is_long(kept[i].tokens)))
+        else:
+            def costliest(kept: list[Item]) -> int:
+                return max(range(len(kept)), key=lambda i: kept[i].tokens)
+        candidates: list[Item] = []
         kept: list[Item] = []
         tokens = 0
         for deadline, _, item in heapq.nsmallest(self.PLAN_BATCHES * limit, lane.heap):
             if item.retries or start + base + per_item + per_token * item.tokens > deadline - slip:
                 continue
+            candidates.append(item)
             kept.append(item)
             tokens += item.tokens
             while kept:   # (never emptied: a request feasible alone, or the plan before it, fits)
@@ -143,12 +201,11 @@ class Planning:
                     break
                 if keep_single and batches == 1 and self._mostly_on_time(kept, end, slip):
                     break
-                if long_price:
-                    drop = max(range(count), key=lambda i: (per_item + per_token * kept[i].tokens)
-                               / (1.0 + long_price * is_long(kept[i].tokens)))
-                else:
-                    drop = max(range(count), key=lambda i: kept[i].tokens)
-                tokens -= kept.pop(drop).tokens
+                tokens -= kept.pop(costliest(kept)).tokens
+        if len(kept) < len(candidates) and not keep_single and self.arrival_load(start) * self.device_stretch <= 1.0:
+            cut_kept, cut_first = self._cut_plan(candidates, start, limit, slip, costliest)
+            if len(cut_kept) > len(kept):
+                kept = cut_first
         chosen: list[Item] = []
         tokens = 0
         for item in kept:   # the first batch, within the token cap and the time budget

@@ -96,6 +96,29 @@ def test_a_channel_is_latency_bound_by_its_median_request_not_a_mean_a_few_huge_
     assert not channel.latency_bound(32)
 
 
+def first_batch_of_big_requests(channel_deadline_ms: float) -> list[float]:
+    """Four requests of 40.5 ms each due at 60, 110, 160 and 210 ms, four more due at 5 s, max batch
+    4, on a channel whose deadline sets how loaded it reads (`arrival_load`: 340 ms of work offered
+    against its deadline). The deadlines of the batch it runs first, in ms."""
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=channel_deadline_ms)}))
+    taught(s)
+    for due in (60, 110, 160, 210, 5000, 5000, 5000, 5000):
+        assert s.channels["c"].offer(item(0, 20_000, due), 0)
+    [batch] = s.poll(0, free_slots=1).batches
+    return [it.deadline_ns / MS for it in batch.items]
+
+
+def test_a_light_channel_cuts_its_batches_where_deadlines_need_it_a_loaded_one_drops_the_largest():
+    # In full batches of four (170 ms), the requests due at 60, 110 and 160 ms leave the plan one
+    # by one (all alike, the first of the largest goes). Cut where each batch's first is due
+    # ([60], [110], [160], [210], then the four due at 5 s), all eight fit, each extra batch
+    # costing 8 ms. Light (0.34 of the device over its 1 s deadline), the channel runs the cut
+    # plan's first batch; loaded (1.36 over 250 ms), those 8 ms are owed to what arrives next,
+    # and it keeps to full batches.
+    assert first_batch_of_big_requests(1000) == [60]
+    assert first_batch_of_big_requests(250) == [210, 5000, 5000, 5000]
+
+
 def test_a_plan_that_fits_is_earliest_deadline_first_in_full_batches():
     s = Scheduler(build_channels({"c": ChannelSettings(max_batch=3, window_ms=0)}))
     taught(s)
