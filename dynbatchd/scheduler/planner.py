@@ -45,10 +45,11 @@ class Planning:
         Where request sizes matter (`_sizes_matter`), the first batch of a plan
         of the queue that gets the most requests done in time (`_planned_first`:
         deadline order, full batches, the largest request dropped from the plan
-        while its last batch would be late). Otherwise earliest deadline first,
-        up to the size and token caps. A batch
-        never runs longer than `budget_ns` (by the learned cost) but for its first request:
-        what a channel of higher priority can wait for.
+        while its last batch would be late; on a light channel, batches cut where
+        deadlines need them if that keeps more). Otherwise earliest deadline first,
+        up to the size and token caps. A batch never runs longer than `budget_ns`
+        (by the learned cost) but for its first request: what a channel of higher
+        priority can wait for.
         """
         limit = self.sizer.max_batch()
         cap = self.settings.max_tokens
