@@ -233,6 +233,7 @@ class Channel(Admission, Planning):
         base, per_item, per_token = self.cost.coefficients()
         return {**self.stats.snapshot(self.depth, self.sizer.max_batch(), self.describe()),
                 "arrival_rps": round(self.arrival_rate(now_ns) * 1e9, 3),
+                "arrival_load": round(self.arrival_load(now_ns), 3),
                 "mean_tokens": round(self.mean_tokens, 1),
                 "cost_ms": {"base": base / 1e6, "per_item": per_item / 1e6, "per_token": per_token / 1e6,
                             "samples": self.cost.samples},

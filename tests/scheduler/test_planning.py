@@ -119,6 +119,17 @@ def test_a_light_channel_cuts_its_batches_where_deadlines_need_it_a_loaded_one_d
     assert first_batch_of_big_requests(250) == [210, 5000, 5000, 5000]
 
 
+def test_status_shows_the_load_a_channel_reads():
+    # Eight requests of 42.5 ms of device time each (40.5 ms their own, a quarter of the 8 ms
+    # batch cost at max batch 4) over a 250 ms deadline: 1.36 of a device, decaying after.
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=250)}))
+    taught(s)
+    for _ in range(8):
+        assert s.channels["c"].offer(item(0, 20_000, 5000), 0)
+    assert s.channels["c"].snapshot(0)["arrival_load"] == pytest.approx(8 * 42.5 / 250, abs=1e-3)
+    assert s.channels["c"].snapshot(250 * MS)["arrival_load"] == pytest.approx(8 * 42.5 / 250 / 2.718281828, abs=1e-3)
+
+
 def test_a_plan_that_fits_is_earliest_deadline_first_in_full_batches():
     s = Scheduler(build_channels({"c": ChannelSettings(max_batch=3, window_ms=0)}))
     taught(s)
