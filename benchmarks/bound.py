@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
 from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv
 
-from benchmarks.traces import AZURE_CSV, azure_available
+from benchmarks.traces import add_replay_options, azure_available, sped_up
 
 MS = 1_000_000
 
@@ -96,9 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.bursty import DEADLINE_MS, DEVICE   # here: bursty imports this module
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bound", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", type=Path, default=AZURE_CSV,
-                    help="a real trace: Azure LLM CSV, BurstGPT CSV or Mooncake JSON lines")
-    ap.add_argument("--speedups", default="40,60,80", help="trace speed-ups, comma-separated")
+    add_replay_options(ap)
     args = ap.parse_args(argv)
     if not azure_available(args.trace):
         print(f"the trace {args.trace} is missing", file=sys.stderr)
@@ -109,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|")
     rows = read_trace_csv(args.trace)
     for speedup in (float(s) for s in args.speedups.split(",")):
-        arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
+        arrivals = sped_up(rows, speedup)
         parts = fluid_parts(arrivals, DEVICE, DEADLINE_MS)
         whole = int((parts > 1 - 1e-9).sum())
         print(f"| x{speedup:g} | {parts.sum():.1f} | {whole} | {int((parts > 1e-9).sum()) - whole} |")

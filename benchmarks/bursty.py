@@ -43,7 +43,7 @@ from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv, simulate
 
 from benchmarks.bound import most_on_time
 from benchmarks.heuristics import edf_plan_drop_largest, feasible_shortest_first, fifo_drop_hopeless
-from benchmarks.traces import AZURE_CSV, azure_available
+from benchmarks.traces import add_replay_options, azure_available, sped_up
 
 DEVICE = DeviceModel(base_ms=8.0, per_item_ms=0.5, per_token_ms=0.002)
 DEADLINE_MS = 1000.0
@@ -61,14 +61,11 @@ def setups() -> dict[str, ChannelSettings]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bursty", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--speedups", default="40,60,80", help="trace speed-ups, comma-separated")
+    add_replay_options(ap)
     ap.add_argument("--live", action="store_true", help="also replay x40 and x60 through the live daemon")
     ap.add_argument("--live-speedups", default="40,60", help="speed-ups for --live (default 40,60)")
     ap.add_argument("--perturb", action="store_true",
                     help="also replay each speed-up with the trace's clock scaled by 1 +- k/10,000 (about 4 min)")
-    ap.add_argument("--trace", type=Path, default=AZURE_CSV,
-                    help="a real trace: Azure LLM CSV, BurstGPT CSV or Mooncake JSON lines "
-                         "(default: the conversation trace in ../shared/data)")
     ap.add_argument("--long-shares", default="",
                     help="also the fixed 10 ms setup at each channel long_share given, comma-separated")
     args = ap.parse_args(argv)
@@ -86,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     speedups = [float(s) for s in args.speedups.split(",")]
     for speedup in speedups:
-        arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
+        arrivals = sped_up(rows, speedup)
         longest = longest_tenth(arrivals)
         fifo_long = fifo_drop_hopeless(arrivals, DEVICE, DEADLINE_MS).share(longest)
         for name, channel in setups().items():
@@ -131,7 +128,7 @@ def long_share_trade(rows: list[tuple[float, int]], speedups: list[float], share
     print("|---|---|---|---|---|")
     base = setups()["fixed 10 ms"]
     for speedup in speedups:
-        arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
+        arrivals = sped_up(rows, speedup)
         longest = longest_tenth(arrivals)
         fifo_long = fifo_drop_hopeless(arrivals, DEVICE, DEADLINE_MS).share(longest)
         plan = edf_plan_drop_largest(arrivals, DEVICE, DEADLINE_MS)
@@ -233,7 +230,7 @@ def compare_live(rows: list[tuple[float, int]], speedups: list[float], plugins: 
           "send lag p99 ms | load avg |")
     print("|---|---|---|---|---|---|---|---|")
     for speedup in speedups:
-        arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
+        arrivals = sped_up(rows, speedup)
         longest = longest_tenth(arrivals)
         sim = simulate({"c": setups()[LIVE_SETUP]}, arrivals, device=DEVICE,
                        window_policies=plugins.window_policies())

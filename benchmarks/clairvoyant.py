@@ -20,14 +20,13 @@ import argparse
 import shlex
 import sys
 from bisect import bisect_right
-from pathlib import Path
 from typing import Sequence
 
 from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv
 
 from benchmarks.bound import most_on_time
 from benchmarks.heuristics import edf_plan_drop_largest, fifo_drop_hopeless
-from benchmarks.traces import AZURE_CSV, azure_available
+from benchmarks.traces import add_replay_options, azure_available, sped_up
 
 MS = 1_000_000
 
@@ -194,9 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.bursty import DEADLINE_MS, DEVICE, FAIR_SHARE, longest_tenth   # here: bursty imports bound
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.clairvoyant", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--trace", type=Path, default=AZURE_CSV,
-                    help="a real trace: Azure LLM CSV, BurstGPT CSV or Mooncake JSON lines")
-    ap.add_argument("--speedups", default="40,60,80", help="trace speed-ups, comma-separated")
+    add_replay_options(ap)
     args = ap.parse_args(argv)
     if not azure_available(args.trace):
         print(f"the trace {args.trace} is missing", file=sys.stderr)
@@ -209,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|")
     rows = read_trace_csv(args.trace)
     for speedup in (float(s) for s in args.speedups.split(",")):
-        arrivals = [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
+        arrivals = sped_up(rows, speedup)
         longest = longest_tenth(arrivals)
         fifo_long = fifo_drop_hopeless(arrivals, DEVICE, DEADLINE_MS).share(longest)
         floor = FAIR_SHARE * fifo_long * len(longest)

@@ -11,6 +11,7 @@ A trace is a list of `dynbatchd.simulate.Arrival` plus named phases (spans of ar
 
 from __future__ import annotations
 
+import argparse
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +102,19 @@ def azure_available(path: Path = AZURE_CSV) -> bool:
 def azure_rows(path: Path = AZURE_CSV) -> list[tuple[float, int]]:
     """(seconds since the first request, ContextTokens) per row, in time order."""
     return read_trace_csv(path)
+
+
+def add_replay_options(ap: argparse.ArgumentParser) -> None:
+    """--trace and --speedups, as every trace replay (bursty, bound, clairvoyant) takes them."""
+    ap.add_argument("--trace", type=Path, default=AZURE_CSV,
+                    help="a real trace: Azure LLM CSV, BurstGPT CSV or Mooncake JSON lines "
+                         "(default: the conversation trace in ../shared/data)")
+    ap.add_argument("--speedups", default="40,60,80", help="trace speed-ups, comma-separated")
+
+
+def sped_up(rows: list[tuple[float, int]], speedup: float) -> list[Arrival]:
+    """The trace's requests with their times divided by `speedup`."""
+    return [Arrival(int(t / speedup * 1e9), tokens) for t, tokens in rows]
 
 
 def busiest_window(rows: list[tuple[float, int]], seconds: float) -> float:

@@ -53,16 +53,17 @@ class Admission:
         self._arrivals = self.arrival_rate(now_ns) + 1 / self.ARRIVAL_TAU_NS
         self._arrivals_at = now_ns
         self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
-        self.median_tokens.add(item.tokens)
-        if self.cost.tokens_matter:   # once tokens are known to cost nothing, no ledger
+        if self.cost.tokens_matter:   # once tokens are known to cost nothing: no ledger, no plan to size
             base, per_item, per_token = self.cost.coefficients()
+            own = per_item + per_token * item.tokens
+            limit = self.sizer.max_batch()
             ledger = self.long_ledger
-            ledger.batch_ns, ledger.max_batch = base, self.sizer.max_batch()
+            ledger.batch_ns, ledger.max_batch = base, limit
             ledger.stretch = self.device_stretch   # the shadow FIFO gets the device time this channel does
             ledger.share = self.settings.long_share
-            ledger.arrived(item.tokens, per_item + per_token * item.tokens, now_ns, item.deadline_ns)
-            work = per_item + per_token * item.tokens + base / self.sizer.max_batch()
-            self._load = self.arrival_load(now_ns) + work / (self.settings.deadline_ms * MS)
+            ledger.arrived(item.tokens, own, now_ns, item.deadline_ns)
+            self.median_tokens.add(item.tokens)
+            self._load = self.arrival_load(now_ns) + (own + base / limit) / (self.settings.deadline_ms * MS)
             self._load_at = now_ns
         self.window.on_arrival(now_ns, item.tokens)
         return True

@@ -15,23 +15,24 @@ from dynbatchd.scheduler.lanes import Batch, Item, Lane
 class _CutPlan:
     """A plan being cut (`Planning._cut_plan`): where its last batch ends, and how big its first is."""
 
-    def __init__(self, start: int):
+    def __init__(self, start: int, limit: int, slip: int, coefficients: tuple[float, float, float]):
+        self.limit, self.slip, self.coefficients = limit, slip, coefficients
         self.end = start
         self.first = 0       # the first batch's size, once a second opens (0: one batch so far)
         self.size = 0        # the last batch's
         self.due = 0         # the last batch's first deadline, less the slip
 
-    def place(self, item: Item, limit: int, slip: int, coefficients: tuple[float, float, float]) -> bool:
+    def place(self, item: Item) -> bool:
         """Put `item` in the last batch, or in a new one; False (the plan unchanged) if either ends late."""
-        base, per_item, per_token = coefficients
+        base, per_item, per_token = self.coefficients
         own = per_item + per_token * item.tokens
-        if self.size and self.size < limit and self.end + own <= self.due:
+        if self.size and self.size < self.limit and self.end + own <= self.due:
             self.end, self.size = self.end + own, self.size + 1
             return True
-        if self.end + base + own > item.deadline_ns - slip:
+        if self.end + base + own > item.deadline_ns - self.slip:
             return False
         self.first = self.first or self.size
-        self.end, self.size, self.due = self.end + base + own, 1, item.deadline_ns - slip
+        self.end, self.size, self.due = self.end + base + own, 1, item.deadline_ns - self.slip
         return True
 
 
@@ -137,17 +138,18 @@ class Planning:
         when full: a request joins the last batch while that batch's first still ends in time,
         else opens a batch of its own; when even that would end late, the request of most
         device time per request it counts leaves the plan. Returns (what it keeps, its first batch)."""
+        coefficients = self.cost.coefficients()
         kept: list[Item] = []
-        plan = _CutPlan(start)
+        plan = _CutPlan(start, limit, slip, coefficients)
         for item in candidates:
             kept.append(item)
-            while not plan.place(item, limit, slip, self.cost.coefficients()):
+            while not plan.place(item):
                 gone = costliest(kept)
                 del kept[gone]
                 if gone == len(kept):
                     break   # (it was this request)
-                plan = _CutPlan(start)
-                kept[:-1] = [e for e in kept[:-1] if plan.place(e, limit, slip, self.cost.coefficients())]
+                plan = _CutPlan(start, limit, slip, coefficients)
+                kept[:-1] = [e for e in kept[:-1] if plan.place(e)]
         return kept, kept[:plan.first or len(kept)]
 
     PLAN_BATCHES = 16   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn;

@@ -119,6 +119,25 @@ def test_a_light_channel_cuts_its_batches_where_deadlines_need_it_a_loaded_one_d
     assert first_batch_of_big_requests(250) == [210, 5000, 5000, 5000]
 
 
+def test_the_load_a_channel_reads_counts_the_device_time_channels_above_took():
+    # The same eight requests, light on their own (0.34 of a device over 1 s). But a realtime
+    # channel above has just had all of the device: stretched by the share it took, the channel
+    # reads itself loaded and keeps to full batches.
+    s = Scheduler(build_channels({"realtime": ChannelSettings(max_batch=4, window_ms=0, priority=2),
+                                  "c": ChannelSettings(max_batch=4, window_ms=0)}))
+    taught(s, "realtime")
+    taught(s)
+    for _ in range(12):
+        assert s.channels["realtime"].offer(item(0, 20_000, 5000, "realtime"), 0)
+    for _ in range(3):
+        [batch] = s.poll(0, free_slots=1).batches
+        assert batch.channel == "realtime"
+    for due in (60, 110, 160, 210, 5000, 5000, 5000, 5000):
+        assert s.channels["c"].offer(item(0, 20_000, due), 0)
+    [batch] = s.poll(0, free_slots=1).batches
+    assert [it.deadline_ns / MS for it in batch.items] == [210, 5000, 5000, 5000]
+
+
 def test_status_shows_the_load_a_channel_reads():
     # Eight requests of 42.5 ms of device time each (40.5 ms their own, a quarter of the 8 ms
     # batch cost at max batch 4) over a 250 ms deadline: 1.36 of a device, decaying after.
