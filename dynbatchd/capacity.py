@@ -176,10 +176,26 @@ class Unattainable(DynbatchdError, ValueError):
     """A channel misses its target however many devices there are (its requests alone outlast its deadline)."""
 
 
-def _why_not(trial: Trial, targets: Mapping[str, float]) -> str:
-    missed = [f"{name} reaches {v:.2%} on time (target {targets[name]:.2%})"
-              for name, v in trial.on_time.items() if v < targets.get(name, 0.0)]
-    return (f"no pool size helps: with {trial.devices} devices as with half as many, " + "; ".join(missed)
+def _reachable(result: SimResult, models: Sequence[DeviceModel]) -> dict[str, float]:
+    """Per channel, the share of its requests that could finish in time alone on the fastest of
+    `models`: what no pool, however large, can exceed."""
+    offered: dict[str, int] = {}
+    feasible: dict[str, int] = {}
+    for i, arrival in enumerate(result.arrivals):
+        name = result.channel_of[i]
+        offered[name] = offered.get(name, 0) + 1
+        alone = min(m.latency_ns(1, arrival.tokens) for m in models)
+        feasible[name] = feasible.get(name, 0) + (alone <= result.slo_ns[i])
+    return {name: feasible[name] / offered[name] for name in offered}
+
+
+def _why_not(reachable: Mapping[str, float], targets: Mapping[str, float]) -> str | None:
+    """Why no pool holds the targets (None: a larger one may)."""
+    missed = [f"{name} can reach at most {v:.2%} on time (target {targets[name]:.2%})"
+              for name, v in reachable.items() if v < targets.get(name, 0.0)]
+    if not missed:
+        return None
+    return ("no pool size helps: " + "; ".join(missed)
             + ": some of its requests take longer than its deadline even alone on this device "
               "(a faster profile, a lower target, or routing long requests elsewhere)")
 
@@ -204,8 +220,9 @@ def smallest_pool(channels: Mapping[str, Any], arrivals: list[Arrival], model: D
 
     lo, hi = 0, 1                      # lo: known to fail (0 devices always does), hi: to try
     while not holds(hi):
-        if len(trials) >= 2 and trials[-1].on_time == trials[-2].on_time:
-            raise Unattainable(_why_not(trials[-1], targets))   # doubling the pool changed nothing
+        why = _why_not(_reachable(results[hi], unit), targets)
+        if why is not None:
+            raise Unattainable(why)
         lo, hi = hi, hi * 2
         if hi > limit:
             raise ValueError(f"no pool of up to {limit} devices holds the targets")

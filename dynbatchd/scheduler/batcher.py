@@ -223,7 +223,9 @@ class Scheduler:
            batch any channel cuts, twice over (the one running and the one
            queued behind it), higher channel priority first (realtime keeps its
            deadlines, lower channels absorb the delay);
-        3. then earliest deadline first.
+        3. then earliest deadline first;
+        4. unless a lane of higher priority could not wait for the chosen batch's first request
+           (`_waiting_above`): that lane goes first, its window closed (not over a pick by 1).
 
         Warmup lanes (nobody waits for them) only when a device is idle and no live request
         is queued anywhere, in batches no longer than `_warmup_budget_ns`.
@@ -247,6 +249,33 @@ class Scheduler:
                 key = (not (starved and urgent), not urgent, -settings.priority if urgent else 0, deadline)
                 if best_key is None or key < best_key:
                     best, best_key = (channel, lane), key
+        if best is not None and best_key[0]:   # (a pick by its minimum share stands)
+            return self._waiting_above(best, now_ns, free_slots, busy_ns) or best
+        return best
+
+    def _waiting_above(self, pick: tuple[Channel, Lane], now_ns: int, free_slots: int,
+                       busy_ns: int) -> tuple[Channel, Lane] | None:
+        """A lane of higher priority than `pick`'s, still in its window, whose requests could not
+        wait for `pick`'s batch: its first request alone (the budget caps the rest) would hold the
+        device past the moment that lane must start. Its window then closes now: once a bulk
+        request of 200 ms takes a device that cannot be preempted, a realtime request waiting out
+        its 30 ms window gains nothing and misses its 200 ms deadline."""
+        channel, lane = pick
+        if lane.warmup:
+            return None
+        start = now_ns + busy_ns + channel.cost.estimate_ns(1, lane.heap[0][2].tokens)
+        best, best_start = None, NEVER
+        for other in self.channels.values():
+            if other.settings.priority <= channel.settings.priority or not other.depth:
+                continue
+            limit = other.sizer.max_batch()
+            for waiting in other.lanes.values():
+                if not waiting.heap or waiting.warmup or other.ready_at(waiting, now_ns, free_slots, self.draining, busy_ns) <= now_ns:
+                    continue   # (a ready lane was weighed against the pick already)
+                latest = waiting.head_deadline() - other.cost.estimate_ns(min(len(waiting), limit), waiting.tokens) \
+                    - other.end_slip_ns
+                if latest < start and latest < best_start:
+                    best, best_start = (other, waiting), latest
         return best
 
     def next_wakeup(self, now_ns: int, free_slots: int, device_busy_ns: int = 0) -> int | None:

@@ -139,7 +139,7 @@ def test_a_bad_profile_is_one_line_and_exit_2():
 def test_a_target_no_pool_can_hold_is_reported_with_the_channel_not_searched_for_ever():
     # Every batch takes 10 ms and the deadline is 5 ms: no number of devices gets a request on time.
     channels = {"only": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=5)}
-    with pytest.raises(cap.Unattainable, match="only reaches 0.00% on time"):
+    with pytest.raises(cap.Unattainable, match="only can reach at most 0.00% on time"):
         cap.size(channels, ARRIVALS[:200], PROFILE, TARGETS, batching=True)
 
 

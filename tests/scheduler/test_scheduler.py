@@ -234,6 +234,26 @@ def test_under_overload_realtime_keeps_its_deadline_and_standard_absorbs_the_del
     assert s.poll(970 * MS, free_slots=1).expired == [old_standard]
 
 
+def _realtime_in_its_window_beside_bulk(bulk_tokens: int) -> str:
+    """The channel a free device serves first: a realtime request just arrived (30 ms window,
+    200 ms deadline), a bulk request of `bulk_tokens` ready (8 ms + 0.002 ms a token, learned)."""
+    s = make(realtime=ChannelSettings(max_batch=16, window_ms=30, deadline_ms=200, priority=2),
+             bulk=ChannelSettings(max_batch=8, window_ms=0, deadline_ms=30_000, priority=0))
+    for name in s.channels:
+        for n, tokens in ((1, 1_000), (4, 40_000), (2, 90_000)) * 10:
+            s.channels[name].cost.observe(n, tokens, int((8 + 0.002 * tokens) * MS))
+    submit_all(s, [item("bulk", 0, deadline_ms=30_000, tokens=bulk_tokens), item("realtime", 0, deadline_ms=200, tokens=1_000)])
+    return s.poll(0, free_slots=1).batches[0].channel
+
+
+def test_a_request_in_its_window_goes_first_when_a_lower_channels_request_would_outlast_its_deadline():
+    # 95k tokens run 198 ms on a device that cannot be preempted: the realtime request, waiting out
+    # its window, could then only end at 208 ms. Its window closes now instead.
+    assert _realtime_in_its_window_beside_bulk(95_000) == "realtime"
+    # A bulk request of 28 ms leaves it time to fill its window and still end in time.
+    assert _realtime_in_its_window_beside_bulk(10_000) == "bulk"
+
+
 def test_not_urgent_work_is_earliest_deadline_first_whatever_the_priority():
     s = make(realtime=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=5000, priority=9),
              standard=ChannelSettings(max_batch=1, window_ms=0, deadline_ms=1000, priority=0))
