@@ -1,6 +1,6 @@
 """A channel's batch planner: `form` cuts a ready lane's batch, `_planned_first` picks its
 requests (the queue in deadline order cut into full batches, or where deadlines need it when the
-channel is light; sizes planned where tokens outweigh the per-batch cost; long requests kept to
+extra batches pay; sizes planned where tokens outweigh the per-batch cost; long requests kept to
 their share). A base of `Channel`.
 """
 
@@ -21,6 +21,7 @@ class _CutPlan:
         self.first = 0       # the first batch's size, once a second opens (0: one batch so far)
         self.size = 0        # the last batch's
         self.due = 0         # the last batch's first deadline, less the slip
+        self.batches = 0     # how many it cuts
 
     def place(self, item: Item) -> bool:
         """Put `item` in the last batch, or in a new one; False (the plan unchanged) if either ends late."""
@@ -32,6 +33,7 @@ class _CutPlan:
         if self.end + base + own > item.deadline_ns - self.slip:
             return False
         self.first = self.first or self.size
+        self.batches += 1
         self.end, self.size, self.due = self.end + base + own, 1, item.deadline_ns - self.slip
         return True
 
@@ -46,8 +48,8 @@ class Planning:
         Where request sizes matter (`_sizes_matter`), the first batch of a plan
         of the queue that gets the most requests done in time (`_planned_first`:
         deadline order, full batches, the largest request dropped from the plan
-        while its last batch would be late; on a light channel, batches cut where
-        deadlines need them if that keeps more). Otherwise earliest deadline first,
+        while its last batch would be late; batches cut where deadlines need them if
+        that keeps more than the extra batches cost). Otherwise earliest deadline first,
         up to the size and token caps. A batch never runs longer than `budget_ns`
         (by the learned cost) but for its first request: what a channel of higher
         priority can wait for.
@@ -133,11 +135,12 @@ class Planning:
         return 2 * late <= len(kept)
 
     def _cut_plan(self, candidates: list[Item], start: int, limit: int, slip: int,
-                  costliest: Callable[[list[Item]], int]) -> tuple[list[Item], list[Item]]:
+                  costliest: Callable[[list[Item]], int]) -> tuple[list[Item], list[Item], int]:
         """The plan of `candidates` (deadline order) with batches cut where they must be, not only
         when full: a request joins the last batch while that batch's first still ends in time,
         else opens a batch of its own; when even that would end late, the request of most
-        device time per request it counts leaves the plan. Returns (what it keeps, its first batch)."""
+        device time per request it counts leaves the plan. Returns (what it keeps, its first
+        batch, how many batches it cuts)."""
         coefficients = self.cost.coefficients()
         kept: list[Item] = []
         plan = _CutPlan(start, limit, slip, coefficients)
@@ -150,7 +153,30 @@ class Planning:
                     break   # (it was this request)
                 plan = _CutPlan(start, limit, slip, coefficients)
                 kept[:-1] = [e for e in kept[:-1] if plan.place(e)]
-        return kept, kept[:plan.first or len(kept)]
+        return kept, kept[:plan.first or len(kept)], plan.batches
+
+    def _extra_batch_worth(self, start: int, limit: int) -> float | None:
+        """What each batch a plan cut at deadlines adds is worth, in requests (`_cut_plan` runs
+        where it keeps more than its extra batches are worth); None: keep to full batches.
+        - Light (`arrival_load` under one device, counting the share channels above take): 0,
+          the lull after a burst pays the extra batches' fixed cost.
+        - Loaded: the requests the device could serve in that fixed cost, a batch's fixed cost
+          over the usual (median) request's device time, where that is under one request: big
+          requests (the Mooncake trace's of 7k tokens; FIFO-drop beat the full-batch plan there
+          at x12). Where a batch costs more than a request (the conversation trace's of 1k) the
+          extra batches fall on what arrives next, which the plan cannot see: cut there at x80,
+          3 requests fewer on time.
+        - Loaded while channels above take a share: None. Their batches come between this
+          plan's, which a plan cut to the edge of its deadlines cannot absorb (the conversation
+          trace with 10% urgent traffic: 3 points fewer at x80)."""
+        stretch = self.device_stretch
+        if self.arrival_load(start) * stretch <= 1.0:
+            return 0.0
+        if stretch > 1.0:
+            return None
+        base, per_item, per_token = self.cost.coefficients()
+        usual = per_item + per_token * self.median_tokens.value + base / limit
+        return base / usual if base < usual else None
 
     PLAN_BATCHES = 16   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn;
     # 16 batches of 32 cover the 1 s deadline of the Azure replay at x80, 8 did not: 90.20% -> 90.25%)
@@ -171,11 +197,11 @@ class Planning:
         past their plan. Requests that cannot make it even alone are left for `expire`; a retried
         request is never planned (it runs alone). In a `latency_bound` channel a single-batch plan
         that is mostly on time drops nothing: it runs late at its head rather than refuse one.
-        Where the plan dropped some and the channel is light (`arrival_load` under one device,
-        counting the share channels above it take), the batches may be cut short of full where a
-        deadline needs it (`_cut_plan`): if that keeps more, its first batch runs. A big request
-        then waits for the next batch instead of leaving the plan, and the lull after the burst
-        pays the extra batch's fixed cost; under a sustained overload, what arrives next would pay."""
+        Where the plan dropped some, the batches may be cut short of full where a deadline needs
+        it (`_cut_plan`): if that keeps more than its extra batches cost (`_extra_batch_worth`:
+        nothing on a light channel, where the lull after the burst pays; under load, where a batch
+        costs less than a request), its first batch runs. A big request then waits for the next
+        batch instead of leaving the plan."""
         base, per_item, per_token = self.cost.coefficients()
         slip = self.end_slip_ns
         keep_single = self.latency_bound(limit)
@@ -205,9 +231,10 @@ class Planning:
                 if keep_single and batches == 1 and self._mostly_on_time(kept, end, slip):
                     break
                 tokens -= kept.pop(costliest(kept)).tokens
-        if len(kept) < len(candidates) and not keep_single and self.arrival_load(start) * self.device_stretch <= 1.0:
-            cut_kept, cut_first = self._cut_plan(candidates, start, limit, slip, costliest)
-            if len(cut_kept) > len(kept):
+        worth = self._extra_batch_worth(start, limit) if len(kept) < len(candidates) and not keep_single else None
+        if worth is not None:
+            cut_kept, cut_first, cut_batches = self._cut_plan(candidates, start, limit, slip, costliest)
+            if len(cut_kept) - len(kept) > worth * (cut_batches - -(-len(cut_kept) // limit)):
                 kept = cut_first
         chosen: list[Item] = []
         tokens = 0

@@ -96,33 +96,42 @@ def test_a_channel_is_latency_bound_by_its_median_request_not_a_mean_a_few_huge_
     assert not channel.latency_bound(32)
 
 
-def first_batch_of_big_requests(channel_deadline_ms: float) -> list[float]:
-    """Four requests of 40.5 ms each due at 60, 110, 160 and 210 ms, four more due at 5 s, max batch
-    4, on a channel whose deadline sets how loaded it reads (`arrival_load`: 340 ms of work offered
-    against its deadline). The deadlines of the batch it runs first, in ms."""
+def first_batch(tokens: int, dues: tuple[float, ...], channel_deadline_ms: float) -> list[float]:
+    """The deadlines (ms) of the batch a channel runs first: requests of `tokens` due at `dues`,
+    and four more due at 5 s, max batch 4, on a channel whose deadline sets how loaded it reads
+    (`arrival_load`: the work offered against its deadline)."""
     s = Scheduler(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=channel_deadline_ms)}))
     taught(s)
-    for due in (60, 110, 160, 210, 5000, 5000, 5000, 5000):
-        assert s.channels["c"].offer(item(0, 20_000, due), 0)
+    for due in dues + (5000, 5000, 5000, 5000):
+        assert s.channels["c"].offer(item(0, tokens, due), 0)
     [batch] = s.poll(0, free_slots=1).batches
     return [it.deadline_ns / MS for it in batch.items]
 
 
-def test_a_light_channel_cuts_its_batches_where_deadlines_need_it_a_loaded_one_drops_the_largest():
-    # In full batches of four (170 ms), the requests due at 60, 110 and 160 ms leave the plan one
-    # by one (all alike, the first of the largest goes). Cut where each batch's first is due
-    # ([60], [110], [160], [210], then the four due at 5 s), all eight fit, each extra batch
-    # costing 8 ms. Light (0.34 of the device over its 1 s deadline), the channel runs the cut
-    # plan's first batch; loaded (1.36 over 250 ms), those 8 ms are owed to what arrives next,
-    # and it keeps to full batches.
-    assert first_batch_of_big_requests(1000) == [60]
-    assert first_batch_of_big_requests(250) == [210, 5000, 5000, 5000]
+def test_a_light_channel_cuts_its_batches_where_deadlines_need_it():
+    # Requests of 1,000 tokens (2.5 ms each). In full batches of four (18 ms) the one due at 11 ms
+    # leaves the plan. Cut where each batch's first is due ([11], [22], [32], [43], then the four
+    # due at 5 s), all eight fit, three extra batches costing 8 ms each. Light (36 ms of work over
+    # a 1 s deadline), the lull after the burst pays: the cut plan's first batch runs.
+    assert first_batch(1_000, (11, 22, 32, 43), 1000) == [11]
+
+
+def test_a_loaded_channel_cuts_batches_only_where_a_batch_costs_less_than_a_request():
+    # Loaded (the same 36 ms of work over a 30 ms deadline: 1.2 devices), a batch's 8 ms is more
+    # than a request's 4.5 ms (its 2.5 and its share of the batch): the extra batches would be paid
+    # by what arrives next, and the channel keeps to full batches.
+    assert first_batch(1_000, (11, 22, 32, 43), 30) == [22, 32, 43, 5000]
+    # Requests of 20,000 tokens (40.5 ms each) due at 60, 110, 160 and 210 ms, loaded as much
+    # (1.36 devices over 250 ms): in full batches (170 ms) three leave the plan; cut, all eight
+    # fit. Each extra batch costs 8 ms, a fifth of a request: the cut plan runs.
+    assert first_batch(20_000, (60, 110, 160, 210), 250) == [60]
 
 
 def test_the_load_a_channel_reads_counts_the_device_time_channels_above_took():
     # The same eight requests, light on their own (0.34 of a device over 1 s). But a realtime
     # channel above has just had all of the device: stretched by the share it took, the channel
-    # reads itself loaded and keeps to full batches.
+    # reads itself loaded, and while a channel above takes a share it keeps to full batches,
+    # however big its requests (their batches come between the plan's).
     s = Scheduler(build_channels({"realtime": ChannelSettings(max_batch=4, window_ms=0, priority=2),
                                   "c": ChannelSettings(max_batch=4, window_ms=0)}))
     taught(s, "realtime")
