@@ -155,17 +155,22 @@ class Planning:
                 kept[:-1] = [e for e in kept[:-1] if plan.place(e)]
         return kept, kept[:plan.first or len(kept)], plan.batches
 
+    SUSTAINED_DEADLINES = 4   # a backlog older than this many deadlines is an overload, not a burst
+
     def _extra_batch_worth(self, start: int, limit: int) -> float | None:
         """What each batch a plan cut at deadlines adds is worth, in requests (`_cut_plan` runs
         where it keeps more than its extra batches are worth); None: keep to full batches.
         - Light (`arrival_load` under one device, counting the share channels above take): 0,
           the lull after a burst pays the extra batches' fixed cost.
         - Loaded: the requests the device could serve in that fixed cost, a batch's fixed cost
-          over the usual (median) request's device time, where that is under one request: big
-          requests (the Mooncake trace's of 7k tokens; FIFO-drop beat the full-batch plan there
-          at x12). Where a batch costs more than a request (the conversation trace's of 1k) the
-          extra batches fall on what arrives next, which the plan cannot see: cut there at x80,
-          3 requests fewer on time.
+          over the usual (median) request's device time. Where requests are big (the Mooncake
+          trace's of 7k tokens, about half a request) FIFO-drop beat the full-batch plan at
+          x12; in the code trace's bursts (1.5k tokens, two requests) cutting keeps 16-31 more
+          at x40-x80.
+        - Loaded in a backlog older than `SUSTAINED_DEADLINES` deadlines, where a batch costs a
+          request or more: None. The plan counts only what is queued, and under a sustained
+          overload the extra batches fall on the arrivals it cannot see (the conversation
+          trace's requests of 1k at x80: 3 fewer on time).
         - Loaded while channels above take a share: None. Their batches come between this
           plan's, which a plan cut to the edge of its deadlines cannot absorb (the conversation
           trace with 10% urgent traffic: 3 points fewer at x80)."""
@@ -175,8 +180,10 @@ class Planning:
         if stretch > 1.0:
             return None
         base, per_item, per_token = self.cost.coefficients()
-        usual = per_item + per_token * self.median_tokens.value + base / limit
-        return base / usual if base < usual else None
+        worth = base / (per_item + per_token * self.median_tokens.value + base / limit)
+        since = self._backlogged_since
+        sustained = since is not None and start - since >= self.SUSTAINED_DEADLINES * self.settings.deadline_ms * 1_000_000
+        return None if sustained and worth >= 1.0 else worth
 
     PLAN_BATCHES = 16   # how many batches ahead `_planned_first` plans (the rest of a long queue waits its turn;
     # 16 batches of 32 cover the 1 s deadline of the Azure replay at x80, 8 did not: 90.20% -> 90.25%)
@@ -199,8 +206,8 @@ class Planning:
         that is mostly on time drops nothing: it runs late at its head rather than refuse one.
         Where the plan dropped some, the batches may be cut short of full where a deadline needs
         it (`_cut_plan`): if that keeps more than its extra batches cost (`_extra_batch_worth`:
-        nothing on a light channel, where the lull after the burst pays; under load, where a batch
-        costs less than a request), its first batch runs. A big request then waits for the next
+        nothing on a light channel, where the lull after the burst pays; under load, the requests
+        its fixed cost could serve), its first batch runs. A big request then waits for the next
         batch instead of leaving the plan."""
         base, per_item, per_token = self.cost.coefficients()
         slip = self.end_slip_ns

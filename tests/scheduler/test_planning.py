@@ -116,15 +116,40 @@ def test_a_light_channel_cuts_its_batches_where_deadlines_need_it():
     assert first_batch(1_000, (11, 22, 32, 43), 1000) == [11]
 
 
-def test_a_loaded_channel_cuts_batches_only_where_a_batch_costs_less_than_a_request():
-    # Loaded (the same 36 ms of work over a 30 ms deadline: 1.2 devices), a batch's 8 ms is more
-    # than a request's 4.5 ms (its 2.5 and its share of the batch): the extra batches would be paid
-    # by what arrives next, and the channel keeps to full batches.
+def test_a_loaded_channel_cuts_batches_where_they_keep_more_requests_than_their_fixed_cost_could_serve():
+    # Loaded (the same 36 ms of work over a 30 ms deadline: 1.2 devices), the cut plan keeps one
+    # request more for three extra batches, 8 ms each: 5.3 requests of 4.5 ms (2.5 ms, and a
+    # quarter of a batch's 8 ms) the device could serve instead. Full batches.
     assert first_batch(1_000, (11, 22, 32, 43), 30) == [22, 32, 43, 5000]
     # Requests of 20,000 tokens (40.5 ms each) due at 60, 110, 160 and 210 ms, loaded as much
     # (1.36 devices over 250 ms): in full batches (170 ms) three leave the plan; cut, all eight
-    # fit. Each extra batch costs 8 ms, a fifth of a request: the cut plan runs.
+    # fit for three extra batches, each 8 ms, a fifth of a request: the cut plan runs.
     assert first_batch(20_000, (60, 110, 160, 210), 250) == [60]
+
+
+def first_batch_in_a_backlog(since_ms: float) -> list[float]:
+    """At 150 ms, requests of 1,000 tokens (2.5 ms): two due at 164 ms, two at 177, four at 5.15 s,
+    behind five due at 5 s queued since `since_ms` (a backlog: more than a batch), max batch 4, a
+    30 ms channel deadline (over a device of work within it: loaded). The deadlines (ms) of the
+    first batch."""
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=30)}))
+    taught(s)
+    for _ in range(5):
+        assert s.channels["c"].offer(item(since_ms, 1_000, 5000 - since_ms), int(since_ms * MS))
+    for due in (14, 14, 27, 27, 5000, 5000, 5000, 5000):
+        assert s.channels["c"].offer(item(150, 1_000, due), 150 * MS)
+    [batch] = s.poll(150 * MS, free_slots=1).batches
+    return [round(it.deadline_ns / MS) for it in batch.items]
+
+
+def test_a_burst_cuts_batches_where_that_keeps_more_than_their_cost_a_sustained_overload_does_not():
+    # In full batches of four (18 ms) the two due at 164 leave the plan. Cut ([164, 164] by 163,
+    # [177, 177] by 176, then full ones), all thirteen fit in five batches where four would hold
+    # them: one extra batch, 8 ms, worth 1.8 requests of 4.5 ms, for two more kept. In a fresh
+    # backlog (a burst) that pays; in one five deadlines old (an overload) the extra batch would
+    # be paid by arrivals the plan cannot see, and the channel keeps to full batches.
+    assert first_batch_in_a_backlog(150) == [164, 164]
+    assert first_batch_in_a_backlog(0) == [177, 177, 5000, 5000]
 
 
 def test_the_load_a_channel_reads_counts_the_device_time_channels_above_took():
