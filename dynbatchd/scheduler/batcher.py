@@ -261,13 +261,13 @@ class Scheduler:
         request of 200 ms takes a device that cannot be preempted, a realtime request waiting out
         its 30 ms window gains nothing and misses its 200 ms deadline."""
         channel, lane = pick
-        if lane.warmup:
+        mine = channel.settings.priority
+        above = [other for other in self.channels.values() if other.depth and other.settings.priority > mine]
+        if not above or lane.warmup:   # (a plain loop first: this runs per batch)
             return None
         start = now_ns + busy_ns + channel.cost.estimate_ns(1, lane.heap[0][2].tokens)
         best, best_start = None, NEVER
-        for other in self.channels.values():
-            if other.settings.priority <= channel.settings.priority or not other.depth:
-                continue
+        for other in above:
             limit = other.sizer.max_batch()
             for waiting in other.lanes.values():
                 if not waiting.heap or waiting.warmup or other.ready_at(waiting, now_ns, free_slots, self.draining, busy_ns) <= now_ns:
