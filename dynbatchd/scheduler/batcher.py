@@ -263,7 +263,7 @@ class Scheduler:
         channel, lane = pick
         mine = channel.settings.priority
         above = [other for other in self.channels.values() if other.depth and other.settings.priority > mine]
-        if not above or lane.warmup:   # (a plain loop first: this runs per batch)
+        if not above or lane.warmup:   # (nothing above holds a request: the common case, and this runs per batch)
             return None
         start = now_ns + busy_ns + channel.cost.estimate_ns(1, lane.heap[0][2].tokens)
         best, best_start = None, NEVER
