@@ -18,15 +18,13 @@ the best worth (a long request worth 1 + p) less p times the floor.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from typing import Sequence
 
 import numpy as np
 
 from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv
 
-from benchmarks.traces import add_replay_options, azure_available, sped_up
+from benchmarks.traces import add_replay_options, sped_up, start_replay
 
 MS = 1_000_000
 
@@ -96,11 +94,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bound", description=__doc__.split("\n\n")[0])
     add_replay_options(ap)
-    args = ap.parse_args(argv)
-    if not azure_available(args.trace):
-        print(f"the trace {args.trace} is missing", file=sys.stderr)
+    args = start_replay(ap, argv)
+    if args is None:
         return 2
-    print("python -m benchmarks.bound " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
     print(f"trace {args.trace.name}; SIMULATED device as benchmarks.bursty; deadline {DEADLINE_MS:g} ms\n")
     print("| speed-up | upper bound (requests) | served whole | served in part |")
     print("|---|---|---|---|")

@@ -31,9 +31,7 @@ simulator's stated tolerance (docs/simulator.md: 1 point of on-time share).
 from __future__ import annotations
 
 import argparse
-import shlex
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -43,7 +41,7 @@ from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv, simulate
 
 from benchmarks.bound import most_on_time
 from benchmarks.heuristics import edf_plan_drop_largest, feasible_shortest_first, fifo_drop_hopeless
-from benchmarks.traces import add_replay_options, azure_available, sped_up
+from benchmarks.traces import add_replay_options, sped_up, start_replay
 
 DEVICE = DeviceModel(base_ms=8.0, per_item_ms=0.5, per_token_ms=0.002)
 DEADLINE_MS = 1000.0
@@ -68,12 +66,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also replay each speed-up with the trace's clock scaled by 1 +- k/10,000 (about 4 min)")
     ap.add_argument("--long-shares", default="",
                     help="also the fixed 10 ms setup at each channel long_share given, comma-separated")
-    args = ap.parse_args(argv)
-    if not azure_available(args.trace):
-        print(f"the trace {args.trace} is missing", file=sys.stderr)
+    args = start_replay(ap, argv)
+    if args is None:
         return 2
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    print("python -m benchmarks.bursty " + " ".join(shlex.quote(a) for a in (argv or sys.argv[1:])))
     print(f"commit {commit}; trace {args.trace.name}; SIMULATED device {DEVICE.base_ms} ms + "
           f"{DEVICE.per_item_ms} ms/item + {DEVICE.per_token_ms} ms/token; max batch 32; deadline {DEADLINE_MS:g} ms\n")
     rows = read_trace_csv(args.trace)

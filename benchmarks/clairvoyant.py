@@ -17,8 +17,6 @@ case where that rule is strongest. Not the optimum: a witness that it is at leas
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from bisect import bisect_right
 from typing import Sequence
 
@@ -26,7 +24,7 @@ from dynbatchd.simulate import Arrival, DeviceModel, read_trace_csv
 
 from benchmarks.bound import most_on_time
 from benchmarks.heuristics import edf_plan_drop_largest, fifo_drop_hopeless
-from benchmarks.traces import add_replay_options, azure_available, sped_up
+from benchmarks.traces import add_replay_options, sped_up, start_replay
 
 MS = 1_000_000
 
@@ -194,11 +192,9 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(prog="python -m benchmarks.clairvoyant", description=__doc__.split("\n\n")[0])
     add_replay_options(ap)
-    args = ap.parse_args(argv)
-    if not azure_available(args.trace):
-        print(f"the trace {args.trace} is missing", file=sys.stderr)
+    args = start_replay(ap, argv)
+    if args is None:
         return 2
-    print("python -m benchmarks.clairvoyant " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
     print(f"trace {args.trace.name}; SIMULATED device as benchmarks.bursty; deadline {DEADLINE_MS:g} ms; "
           f"requests on time, less the planner's (the longest tenth, of FIFO-drop's share)\n")
     print(f"| speed-up | planner | clairvoyant schedule | upper bound | clairvoyant, tenth >= {FAIR_SHARE:g} | "

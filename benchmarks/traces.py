@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import random
+import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -110,6 +112,17 @@ def add_replay_options(ap: argparse.ArgumentParser) -> None:
                     help="a real trace: Azure LLM CSV, BurstGPT CSV or Mooncake JSON lines "
                          "(default: the conversation trace in ../shared/data)")
     ap.add_argument("--speedups", default="40,60,80", help="trace speed-ups, comma-separated")
+
+
+def start_replay(ap: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace | None:
+    """A trace replay's options, parsed, and the command that makes its figures, printed (None, and
+    a line on stderr, when its trace is missing)."""
+    args = ap.parse_args(argv)
+    if not args.trace.is_file():
+        print(f"the trace {args.trace} is missing", file=sys.stderr)
+        return None
+    print(f"{ap.prog} " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:])))
+    return args
 
 
 def sped_up(rows: list[tuple[float, int]], speedup: float) -> list[Arrival]:

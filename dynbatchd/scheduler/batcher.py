@@ -265,8 +265,8 @@ class Scheduler:
         above = [other for other in self.channels.values() if other.depth and other.settings.priority > mine]
         if not above or lane.warmup:   # (nothing above holds a request: the common case, and this runs per batch)
             return None
-        start = now_ns + busy_ns + channel.cost.estimate_ns(1, lane.heap[0][2].tokens)
-        best, best_start = None, NEVER
+        pick_ends = now_ns + busy_ns + channel.cost.estimate_ns(1, lane.heap[0][2].tokens)   # its first request, at least
+        best, best_latest = None, NEVER
         for other in above:
             limit = other.sizer.max_batch()
             for waiting in other.lanes.values():
@@ -274,8 +274,8 @@ class Scheduler:
                     continue   # (a ready lane was weighed against the pick already)
                 latest = waiting.head_deadline() - other.cost.estimate_ns(min(len(waiting), limit), waiting.tokens) \
                     - other.end_slip_ns
-                if latest < start and latest < best_start:
-                    best, best_start = (other, waiting), latest
+                if latest < pick_ends and latest < best_latest:
+                    best, best_latest = (other, waiting), latest
         return best
 
     def next_wakeup(self, now_ns: int, free_slots: int, device_busy_ns: int = 0) -> int | None:

@@ -73,7 +73,8 @@ class Channel(Admission, Planning):
     def arrival_load(self, now_ns: int) -> float:
         """Device time per unit of time that the requests accepted over about the last deadline
         ask for (by the learned cost; 1: one device's worth). Under 1, a plan may spend a batch's
-        fixed cost to keep a request (`_cut_plan`): the lull after the burst pays for it."""
+        fixed cost to keep a request (`_cut_plan`): the lull after the burst pays for it; over 1,
+        only where that keeps more than the fixed cost could serve (`_extra_batch_worth`)."""
         return self._load * math.exp(-(now_ns - self._load_at) / (self.settings.deadline_ms * MS))
 
     def quiet(self, now_ns: int) -> bool:
