@@ -57,9 +57,14 @@ class LongShare:
     def cut(self, tokens: float) -> None:
         self._cut.value, self._cut.seen = float(tokens), True
 
+    def long_above(self) -> float:
+        """The size a long request exceeds: the running 90th percentile, by a margin (so requests
+        all of one size are not long)."""
+        return 1.05 * self._cut.value + 1
+
     def is_long(self, tokens: int) -> bool:
-        """Above the running 90th percentile, by a margin (so requests all of one size are not)."""
-        return tokens > 1.05 * self.cut + 1
+        """Above `long_above`."""
+        return tokens > self.long_above()
 
     FIFO_SHARE = 0.9   # the default of a channel's ``long_share`` (dynbatchd.config.schema.ChannelSettings)
 

@@ -7,13 +7,13 @@ their share). A base of `Channel`.
 from __future__ import annotations
 
 import heapq
-from typing import Callable
 
 from dynbatchd.scheduler.lanes import Batch, Item, Lane
 
 
 class _CutPlan:
-    """A plan being cut (`Planning._cut_plan`): where its last batch ends, and how big its first is."""
+    """A plan being cut (`Planning._cut_plan`): where its last batch ends, and how big its first is.
+    It remembers its state after each request placed, so dropping one replans only those after it."""
 
     def __init__(self, start: int, limit: int, slip: int, coefficients: tuple[float, float, float]):
         self.limit, self.slip, self.coefficients = limit, slip, coefficients
@@ -22,20 +22,49 @@ class _CutPlan:
         self.size = 0        # the last batch's
         self.due = 0         # the last batch's first deadline, less the slip
         self.batches = 0     # how many it cuts
+        self._states = [(start, 0, 0, 0, 0)]   # (end, first, size, due, batches) after each placed
 
     def place(self, item: Item) -> bool:
         """Put `item` in the last batch, or in a new one; False (the plan unchanged) if either ends late."""
+        return bool(self.place_all([item], [0.0])[0])
+
+    def place_all(self, items: list[Item], weights: list[float]) -> tuple[list[Item], list[float]]:
+        """`place` each of `items` in turn; (those placed, their `weights`). One call for a run
+        of requests: a plan of hundreds replans the requests after each one it drops."""
         base, per_item, per_token = self.coefficients
-        own = per_item + per_token * item.tokens
-        if self.size and self.size < self.limit and self.end + own <= self.due:
-            self.end, self.size = self.end + own, self.size + 1
-            return True
-        if self.end + base + own > item.deadline_ns - self.slip:
-            return False
-        self.first = self.first or self.size
-        self.batches += 1
-        self.end, self.size, self.due = self.end + base + own, 1, item.deadline_ns - self.slip
-        return True
+        limit, slip, states = self.limit, self.slip, self._states
+        end, first, size, due, batches = self.end, self.first, self.size, self.due, self.batches
+        placed: list[Item] = []
+        placed_weights: list[float] = []
+        for item, weight in zip(items, weights):
+            own = per_item + per_token * item.tokens
+            if size and size < limit and end + own <= due:
+                end, size = end + own, size + 1
+            elif end + base + own > item.deadline_ns - slip:
+                continue
+            else:
+                first = first or size
+                batches += 1
+                end, size, due = end + base + own, 1, item.deadline_ns - slip
+            states.append((end, first, size, due, batches))
+            placed.append(item)
+            placed_weights.append(weight)
+        self.end, self.first, self.size, self.due, self.batches = end, first, size, due, batches
+        return placed, placed_weights
+
+    def rewind(self, placed: int) -> None:
+        """Back to the plan of its first `placed` requests."""
+        del self._states[placed + 1:]
+        self.end, self.first, self.size, self.due, self.batches = self._states[placed]
+
+
+def _drop_costliest(kept: list[Item], weights: list[float]) -> tuple[int, Item]:
+    """Take the request of the most weight (the first of them, in deadline order) out of `kept`
+    and its weight out of `weights`, the list beside it; (where it was, it). Over plain floats,
+    so a plan of hundreds of requests costs no Python call per request it weighs."""
+    gone = weights.index(max(weights))
+    del weights[gone]
+    return gone, kept.pop(gone)
 
 
 class Planning:
@@ -134,25 +163,26 @@ class Planning:
         late = sum(1 for item in kept if item.deadline_ns - slip < end)
         return 2 * late <= len(kept)
 
-    def _cut_plan(self, candidates: list[Item], start: int, limit: int, slip: int,
-                  costliest: Callable[[list[Item]], int]) -> tuple[list[Item], list[Item], int]:
+    def _cut_plan(self, candidates: list[Item], weights: list[float], start: int, limit: int,
+                  slip: int) -> tuple[list[Item], list[Item], int]:
         """The plan of `candidates` (deadline order) with batches cut where they must be, not only
         when full: a request joins the last batch while that batch's first still ends in time,
-        else opens a batch of its own; when even that would end late, the request of most
-        device time per request it counts leaves the plan. Returns (what it keeps, its first
-        batch, how many batches it cuts)."""
+        else opens a batch of its own; when even that would end late, the request of the most
+        `weights` (device time per request it counts) leaves the plan. Returns (what it keeps,
+        its first batch, how many batches it cuts)."""
         coefficients = self.cost.coefficients()
         kept: list[Item] = []
+        kept_weights: list[float] = []
         plan = _CutPlan(start, limit, slip, coefficients)
-        for item in candidates:
+        for item, weight in zip(candidates, weights):
             kept.append(item)
+            kept_weights.append(weight)
             while not plan.place(item):
-                gone = costliest(kept)
-                del kept[gone]
+                gone, _ = _drop_costliest(kept, kept_weights)
                 if gone == len(kept):
                     break   # (it was this request)
-                plan = _CutPlan(start, limit, slip, coefficients)
-                kept[:-1] = [e for e in kept[:-1] if plan.place(e)]
+                plan.rewind(gone)   # (those before it are placed as they were)
+                kept[gone:-1], kept_weights[gone:-1] = plan.place_all(kept[gone:-1], kept_weights[gone:-1])
         return kept, kept[:plan.first or len(kept)], plan.batches
 
     SUSTAINED_DEADLINES = 4   # a backlog older than this many deadlines is an overload, not a burst
@@ -214,22 +244,25 @@ class Planning:
         base, per_item, per_token = self.cost.coefficients()
         slip = self.end_slip_ns
         keep_single = self.latency_bound(limit)
-        is_long = self.long_ledger.is_long
-        if long_price:
-            def costliest(kept: list[Item]) -> int:   # the most device time per request it counts
-                return max(range(len(kept)), key=lambda i: (per_item + per_token * kept[i].tokens)
-                           / (1.0 + long_price * is_long(kept[i].tokens)))
+        if long_price:   # what the plan drops first: the most device time per request it counts
+            long_cut = self.long_ledger.long_above()
+            def weight(tokens: int) -> float:
+                return (per_item + per_token * tokens) / (1.0 + long_price * (tokens > long_cut))
         else:
-            def costliest(kept: list[Item]) -> int:
-                return max(range(len(kept)), key=lambda i: kept[i].tokens)
+            def weight(tokens: int) -> float:
+                return tokens
         candidates: list[Item] = []
+        weights: list[float] = []
         kept: list[Item] = []
+        kept_weights: list[float] = []
         tokens = 0
         for deadline, _, item in heapq.nsmallest(self.PLAN_BATCHES * limit, lane.heap):
             if item.retries or start + base + per_item + per_token * item.tokens > deadline - slip:
                 continue
             candidates.append(item)
+            weights.append(weight(item.tokens))
             kept.append(item)
+            kept_weights.append(weights[-1])
             tokens += item.tokens
             while kept:   # (never emptied: a request feasible alone, or the plan before it, fits)
                 count = len(kept)
@@ -239,10 +272,10 @@ class Planning:
                     break
                 if keep_single and batches == 1 and self._mostly_on_time(kept, end, slip):
                     break
-                tokens -= kept.pop(costliest(kept)).tokens
+                tokens -= _drop_costliest(kept, kept_weights)[1].tokens
         worth = self._extra_batch_worth(start, limit) if len(kept) < len(candidates) and not keep_single else None
         if worth is not None:
-            cut_kept, cut_first, cut_batches = self._cut_plan(candidates, start, limit, slip, costliest)
+            cut_kept, cut_first, cut_batches = self._cut_plan(candidates, weights, start, limit, slip)
             if len(cut_kept) - len(kept) > worth * (cut_batches - -(-len(cut_kept) // limit)):
                 kept = cut_first
         chosen: list[Item] = []

@@ -8,11 +8,13 @@ of a planned channel, and an idle channel of higher priority, against the same c
 from __future__ import annotations
 
 import itertools
+import random
 
 import pytest
 
 from dynbatchd.config import ChannelSettings
 from dynbatchd.scheduler import MS, CostModel, Item, Scheduler, build_channels
+from dynbatchd.scheduler.planner import _CutPlan
 
 _keys = itertools.count(1)
 SECOND = 1000 * MS
@@ -341,3 +343,23 @@ def test_a_window_closes_when_waiting_longer_would_make_its_batch_miss_the_earli
     assert s.poll(close - 1, free_slots=1).batches == []
     [batch] = s.poll(close, free_slots=1).batches
     assert batch.items == [first, second]
+
+
+def test_a_plan_cut_at_deadlines_replans_only_what_follows_a_dropped_request():
+    # `_cut_plan` rewinds to the request it drops and places only those after it again. What it
+    # keeps must be exactly what a plan made afresh from them places, batch for batch: queues of
+    # 300 requests of 100-20,000 tokens due within 80-400 ms, so most plans drop many.
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=8, window_ms=0)}))
+    taught(s)
+    channel = s.channels["c"]
+    rng = random.Random(26)
+    for _ in range(20):
+        queue = sorted((item(0, rng.randint(100, 20_000), rng.uniform(80, 400)) for _ in range(300)),
+                       key=lambda it: it.deadline_ns)
+        weights = [float(it.tokens) for it in queue]
+        kept, first, batches = channel._cut_plan(queue, weights, 0, 8, 0)
+        assert 0 < len(kept) < len(queue)
+        fresh = _CutPlan(0, 8, 0, channel.cost.coefficients())
+        placed, _ = fresh.place_all(kept, [0.0] * len(kept))
+        assert placed == kept and fresh.batches == batches
+        assert first == kept[:fresh.first or len(kept)]
