@@ -236,11 +236,12 @@ class Planning:
         past their plan. Requests that cannot make it even alone are left for `expire`; a retried
         request is never planned (it runs alone). In a `latency_bound` channel a single-batch plan
         that is mostly on time drops nothing: it runs late at its head rather than refuse one.
-        Where the plan dropped some, the batches may be cut short of full where a deadline needs
-        it (`_cut_plan`): if that keeps more than its extra batches cost (`_extra_batch_worth`:
-        nothing on a light channel, where the lull after the burst pays; under load, the requests
-        its fixed cost could serve), its first batch runs. A big request then waits for the next
-        batch instead of leaving the plan."""
+        Where the plan dropped some, in a latency-bound channel too, the batches may be cut short
+        of full where a deadline needs it (`_cut_plan`): if that keeps more than its extra batches
+        cost (`_extra_batch_worth`: nothing on a light channel, where the lull after the burst
+        pays; under load, the requests its fixed cost could serve), its first batch runs. A big
+        request then waits for the next batch instead of leaving the plan, and the requests due
+        first in a latency-bound channel run on their own instead of late at the head of one."""
         base, per_item, per_token = self.cost.coefficients()
         slip = self.end_slip_ns
         keep_single = self.latency_bound(limit)
@@ -273,7 +274,7 @@ class Planning:
                 if keep_single and batches == 1 and self._mostly_on_time(kept, end, slip):
                     break
                 tokens -= _drop_costliest(kept, kept_weights)[1].tokens
-        worth = self._extra_batch_worth(start, limit) if len(kept) < len(candidates) and not keep_single else None
+        worth = self._extra_batch_worth(start, limit) if len(kept) < len(candidates) else None
         if worth is not None:
             cut_kept, cut_first, cut_batches = self._cut_plan(candidates, weights, start, limit, slip)
             if len(cut_kept) - len(kept) > worth * (cut_batches - -(-len(cut_kept) // limit)):

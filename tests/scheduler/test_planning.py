@@ -363,3 +363,22 @@ def test_a_plan_cut_at_deadlines_replans_only_what_follows_a_dropped_request():
         placed, _ = fresh.place_all(kept, [0.0] * len(kept))
         assert placed == kept and fresh.batches == batches
         assert first == kept[:fresh.first or len(kept)]
+
+
+def test_a_latency_bound_channel_cuts_a_batch_for_the_requests_due_first_where_that_keeps_more():
+    # MiniLM's cost, 50 ms deadline, requests of 10 tokens (3 ms each): eight due at 14 ms, six at
+    # 45. One batch of all fourteen ends at 50 ms, most of it late: the plan drops to the six due
+    # at 45 and one due at 14, mostly on time (ends at 28.9 ms, its head certainly late). Cut at
+    # the deadlines, two due at 14 run first (by 13.7 ms) and the six due at 45 next (by 39.5):
+    # eight on time, not six. The light channel runs the cut plan's first batch.
+    s = Scheduler(build_channels({"c": ChannelSettings(max_batch=32, window_ms=0, deadline_ms=50)}))
+    cost = s.channels["c"].cost
+    for size, tokens in [(1, 8), (2, 24), (4, 40), (8, 90), (3, 20)] * 5:
+        cost.observe(size, tokens, int((7.65 + 0.53 * size + 0.25 * tokens) * MS), 0)
+    for due in [14] * 8 + [45] * 6:
+        assert s.channels["c"].offer(item(0, 10, due), 0)
+    assert s.channels["c"].latency_bound(32)
+    [batch] = s.poll(0, free_slots=1).batches
+    assert [it.deadline_ns / MS for it in batch.items] == [14, 14]
+    assert cost.estimate_ns(2, 20) <= 14 * MS < cost.estimate_ns(3, 30)
+    assert cost.estimate_ns(2, 20) + cost.estimate_ns(6, 60) <= 45 * MS
