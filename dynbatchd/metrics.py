@@ -171,6 +171,15 @@ def _daemon(page: _Page, daemon: dict[str, Any]) -> None:
     ):
         if key in daemon:
             page.family(name, "counter", help_text, [("", daemon[key])])
+    if "scheduling" in daemon:
+        passes = daemon["scheduling"]
+        for key, name, help_text in (
+                ("passes", "dynbatchd_scheduling_passes_total", "Scheduling passes that cut batches."),
+                ("seconds", "dynbatchd_scheduling_seconds_total", "Wall time those passes took."),
+                ("over_lead", "dynbatchd_scheduling_over_lead_total",
+                 "Those that took longer than [devices] queue_lead_ms: a device may have waited for them."),
+        ):
+            page.family(name, "counter", help_text, [("", passes[key])])
     if "quarantined" in daemon:
         page.family("dynbatchd_quarantined_inputs", "gauge",
                     "Inputs proven to kill workers, answered model_error without running.",

@@ -302,7 +302,7 @@ class Daemon:
     def _pump(self) -> None:
         self._pump_scheduled = False
         now = self.clock()
-        dispatches, answers = self.engine.step(now)
+        dispatches, answers = self.operations.passes.timed(self.engine.step, now, self.clock)
         self._send(answers)
         for dispatch in dispatches:
             try:

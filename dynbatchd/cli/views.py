@@ -93,6 +93,15 @@ def fitted_table(title: str, columns: list[tuple[str, int, Any]], rows: list[tup
     return table
 
 
+def _scheduling(passes: dict[str, Any] | None) -> str:
+    """How long the passes that cut batches take, where any did (a device waits for one slower
+    than the queue lead)."""
+    if not passes or not passes.get("passes"):
+        return ""
+    return (f"  plans {passes['mean_ms']:.2f} ms mean, {passes['over_lead']} of {passes['passes']} over the "
+            f"{passes['lead_ms']:g} ms lead")
+
+
 def status_view(data: dict[str, Any], console: Console | None = None, wide: bool = False) -> Group:
     """The status as rich renderables: a header line, the channel and device tables, the cache.
 
@@ -104,7 +113,8 @@ def status_view(data: dict[str, Any], console: Console | None = None, wide: bool
     parts: list[Any] = [Text.assemble((f"dynbatchd {d['version']}", "bold"), f" pid {d['pid']} ",
                                       (d["state"], "green"),
                                       f" up {d['uptime_s']:.0f} s, {d['listen']}  bad requests {d['bad_requests']}",
-                                      f"  health {d['health']['score']:.2f}" if "health" in d else "")]
+                                      f"  health {d['health']['score']:.2f}" if "health" in d else "",
+                                      _scheduling(d.get("scheduling")))]
     parts.append(fitted_table("channels", CHANNEL_COLUMNS, list(data["channels"].items()), console, width))
     parts.append(fitted_table("devices", DEVICE_COLUMNS, [(w,) for w in data["devices"]], console, width))
     for name, c in ((data.get("canary") or {}).get("running") or {}).items():

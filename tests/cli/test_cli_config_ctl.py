@@ -245,3 +245,13 @@ def test_memory_gb_wins_over_nvml_in_the_code_and_the_page(monkeypatch):
     page = " ".join((REPO / "man" / "dynbatchctl.1.rst").read_text().split())
     assert "**--memory-gb** when given, else from ``[devices] memory_gb``, else from NVML" in page
     assert "NVML (else **--memory-gb**" not in page
+
+
+def test_status_shows_how_long_plans_take_once_any_ran():
+    data = status_data()
+    assert "plans" not in "\n".join(rendered(ctl.status_view(data, Console(width=80)), 80))
+    data["daemon"]["scheduling"] = {"passes": 40, "seconds": 0.05, "over_lead": 3, "lead_ms": 1.0,
+                                    "mean_ms": 1.25, "max_ms": 12.0}
+    lines = rendered(ctl.status_view(data, Console(width=80)), 80)
+    assert max(map(len, lines)) <= 80
+    assert "plans 1.25 ms mean, 3 of 40 over the 1 ms lead" in " ".join(" ".join(lines).split())

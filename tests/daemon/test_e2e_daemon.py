@@ -121,6 +121,8 @@ def test_status_reports_channels_and_devices(sim_daemon):
     status = sim_daemon.status()
     assert status["daemon"]["state"] == "serving"
     assert 0 <= status["daemon"]["health"]["score"] <= 1
+    passes = status["daemon"]["scheduling"]   # the passes that cut batches, timed
+    assert passes["passes"] >= 1 and passes["seconds"] > 0 and 0 <= passes["over_lead"] <= passes["passes"]
     std = status["channels"]["standard"]
     for key in ("queue_depth", "batches", "mean_batch", "fill_rate", "p50_ms", "p99_ms", "rejected", "deadline_misses"):
         assert key in std
