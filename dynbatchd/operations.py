@@ -32,7 +32,7 @@ from dynbatchd.engine import AuditEvent, EngineEvent, Job
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
 from dynbatchd.scheduler import build_channels
-from dynbatchd.telemetry import SchedulingPasses, daemon_health
+from dynbatchd.telemetry import daemon_health
 from dynbatchd.validation import validate_config
 from dynbatchd.errors import DynbatchdError
 
@@ -58,7 +58,6 @@ class Operations:
         self.daemon = daemon
         self.file_config: Config | None = None   # the config file as read, before the drop-in (`init_tuning`)
         self.overrides = Overrides(None)         # the tuning drop-in
-        self.passes = SchedulingPasses(int(daemon.config.devices.queue_lead_ms * 1e6))   # `status`: how long they take
 
     # -- stopping -------------------------------------------------------------
     def request_stop(self) -> None:
@@ -134,7 +133,7 @@ class Operations:
                        "dropped": front.dropped if front else 0,
                        "replies_undelivered": front.io.undeliverable if front else 0,
                        "unauthenticated": sum(p.unauthenticated for p in (front, d.control) if p is not None),
-                       "quarantined": snap["quarantined"], "scheduling": self.passes.snapshot(),
+                       "quarantined": snap["quarantined"], "scheduling": snap["scheduling"],
                        "health": daemon_health(snap["channels"], snap["deadlines_ms"], devices, snap["memory_used"])},
             "channels": snap["channels"],
             "models": {"serving": sorted(set(d.config.models) - set(members.loading_models)),

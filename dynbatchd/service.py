@@ -89,7 +89,7 @@ class Daemon:
         self.engine = Engine(channels, self.devices, inflight=config.devices.inflight,
                              feeders=config.devices.workers_per_device,
                              queue_lead_ns=int(config.devices.queue_lead_ms * 1e6), cache=self.cache,
-                             freeze=freeze, fingerprint=fingerprint, now_ns=self.started_ns,
+                             freeze=freeze, fingerprint=fingerprint, now_ns=self.started_ns, pass_clock=clock,
                              device_limits=device_limits(config, self.devices, plugins.runners(), NvmlProbe()))   # sized per device
         self.audit = AuditLog(config.compliance.audit_log or state_path(config.daemon, AUDIT_FILE))
         self._timer: asyncio.TimerHandle | None = None
@@ -302,7 +302,7 @@ class Daemon:
     def _pump(self) -> None:
         self._pump_scheduled = False
         now = self.clock()
-        dispatches, answers = self.operations.passes.timed(self.engine.step, now, self.clock)
+        dispatches, answers = self.engine.step(now)
         self._send(answers)
         for dispatch in dispatches:
             try:

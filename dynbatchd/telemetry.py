@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 # Log-spaced buckets: 8 per doubling, from 1 µs up to ~1.1e9 µs (about 18 minutes).
@@ -107,35 +107,37 @@ class LatencyRecorder:
 
 class SchedulingPasses:
     """How long the daemon's scheduling passes that cut batches took (`Engine.step`, wall time in
-    this process). A device's queued slot opens `[devices] queue_lead_ms` before it frees and a
+    the daemon). A device's queued slot opens `[devices] queue_lead_ms` before it frees and a
     pass then cuts its batch: a pass slower than that leaves the device waiting for the daemon,
     which the simulator cannot show (its clock stands still while the engine plans). Plans of
-    long backlogs are where it shows (docs/benchmarks.md, "The device waited for the plan").
+    long backlogs are where it shows (docs/benchmarks.md, "The device waited for the plan"), so
+    the queued slot opens as early as the slowest of about the last ten passes took (`counted`).
     Counts and sums only: this runs on the daemon's hot path, every pass that dispatches."""
 
-    __slots__ = ("lead_ns", "passes", "total_ns", "over_lead", "max_ns")
+    __slots__ = ("lead_ns", "passes", "total_ns", "over_lead", "max_ns", "recent_ns")
+
+    RECENT_DECAY = 0.9   # per pass: a slow pass stops counting after about ten faster ones
 
     def __init__(self, lead_ns: int) -> None:
         self.lead_ns = lead_ns
-        self.passes = self.total_ns = self.over_lead = self.max_ns = 0
+        self.passes = self.total_ns = self.over_lead = self.max_ns = self.recent_ns = 0
 
-    def timed(self, step: Callable[[int], tuple[list, Any]], now_ns: int, clock: Callable[[], int]) -> tuple[list, Any]:
-        """`step(now_ns)`, its pass counted where it cut batches (the first of what it returns)."""
-        dispatches, rest = step(now_ns)
-        if dispatches:
-            ns = clock() - now_ns
-            self.passes += 1
-            self.total_ns += ns
-            if ns > self.lead_ns:
-                self.over_lead += 1
-                self.max_ns = max(self.max_ns, ns)
-        return dispatches, rest
+    def counted(self, ns: int) -> int:
+        """Count a pass of `ns`; the lead a queued slot should open with now (at least the
+        configured one)."""
+        self.passes += 1
+        self.total_ns += ns
+        if ns > self.lead_ns:
+            self.over_lead += 1
+            self.max_ns = max(self.max_ns, ns)
+        self.recent_ns = max(ns, int(self.recent_ns * self.RECENT_DECAY))
+        return max(self.lead_ns, self.recent_ns)
 
     def snapshot(self) -> dict[str, Any]:
         n = self.passes
         return {"passes": n, "seconds": round(self.total_ns / 1e9, 6), "over_lead": self.over_lead,
                 "lead_ms": self.lead_ns / 1e6, "mean_ms": round(self.total_ns / n / 1e6, 3) if n else 0.0,
-                "max_ms": round(self.max_ns / 1e6, 3)}
+                "max_ms": round(self.max_ns / 1e6, 3), "opens_ms": round(max(self.lead_ns, self.recent_ns) / 1e6, 3)}
 
 
 # -- the figures: one definition each, for status, /metrics, simulate and the benchmarks ------

@@ -55,7 +55,7 @@ from dynbatchd.engine.slots import next_opening_ns, open_slots
 from dynbatchd.engine.view import ReadModel
 from dynbatchd.engine.warmup import Warmup
 from dynbatchd.scheduler import Channel, Scheduler
-from dynbatchd.telemetry import DeviceStats
+from dynbatchd.telemetry import DeviceStats, SchedulingPasses
 
 # What a generate request counts in its channel (`count_generated`): accepted, then how it ended.
 GENERATED_COUNTERS = frozenset({"accepted", "completed", "expired", "cancelled", "failed"})
@@ -69,7 +69,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
     def __init__(self, channels: dict[str, Channel], devices: list[str], *, inflight: int = 2, feeders: int = 1,
                  queue_lead_ns: int = 1_000_000, cache: Any = None, freeze: Callable[[Any], Any] = lambda o: o,
                  fingerprint: Callable[[Any], Hashable] | None = None, now_ns: int = 0,
-                 device_limits: Sequence[tuple[int, int]] | None = None):
+                 device_limits: Sequence[tuple[int, int]] | None = None, pass_clock: Callable[[], int] | None = None):
         self.scheduler = Scheduler(channels)
         # (most items, most tokens) one batch may carry on each device (0: no limit): a mixed pool's
         # smaller device gets a batch cut to its own size, the rest waits for the next device.
@@ -87,7 +87,9 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
         self.devices = [Device(name, DeviceStats(name, since_ns=now_ns), up=[False] * feeders) for name in devices]
         self.inflight = inflight   # a device holds at most (its feeders that are up) + inflight - 1 batches
         self.feeders = feeders     # worker processes a device ([devices] workers_per_device)
-        self.lead_ns = queue_lead_ns
+        self.lead_ns = queue_lead_ns   # a queued slot opens this early (`SchedulingPasses.counted`)
+        self.passes = SchedulingPasses(queue_lead_ns)
+        self.pass_clock = pass_clock   # the daemon's: its passes are timed (the simulator's take no time)
         self.cache = cache
         self.freeze = freeze               # turns an output into what the cache may keep
         self.fingerprint = fingerprint     # payload -> identity of its input, for the quarantine
@@ -196,6 +198,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
 
     def step(self, now_ns: int) -> tuple[list[Dispatch], list[Answer]]:
         """One scheduling pass: answer the hopeless, fill every open device slot."""
+        began = self.pass_clock() if self.pass_clock is not None else 0
         dispatches: list[Dispatch] = []
         answers: list[Answer] = []
         if self.warmup_backlog and not self.stopped:
@@ -229,6 +232,8 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
             if opening is not None:
                 wake = opening if wake is None else min(wake, opening)
         self._wakeup = wake
+        if dispatches and self.pass_clock is not None:
+            self.lead_ns = self.passes.counted(self.pass_clock() - began)
         return dispatches, answers
 
     def next_wakeup(self) -> int | None:
@@ -358,4 +363,4 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
                 "warmup_backlog": len(self.warmup_backlog),
                 "deadlines_ms": {name: c.settings.deadline_ms for name, c in self.channels.items()},   # a twin's too
                 "memory_used": self.memory_used,   # the fullest device's, for the health score
-                "polls": self.polls}
+                "polls": self.polls, "scheduling": self.passes.snapshot()}

@@ -499,3 +499,36 @@ def test_a_pipelined_feeder_that_dies_makes_suspects_of_the_batch_it_was_prepari
     assert not loss.explained and not loss.answers
     assert [item.retries for item in running.batch.items + preparing.batch.items] == [1, 1, 1, 1]
     assert e.scheduler.depth() == 6                    # both batches back in the queue, each request to run alone
+
+
+def queued_slot_opens_at(pass_ms: float) -> tuple[int, int]:
+    """(ms when the slot behind a running batch opens, the lead), where each scheduling pass
+    takes `pass_ms` by the daemon's clock: batches of four take 20 ms (learned), one starts at
+    100 ms and four more requests wait behind it."""
+    ticks = iter(range(0, 10**12, int(pass_ms * MS)))
+    e = Engine(build_channels({"c": ChannelSettings(max_batch=4, window_ms=0, deadline_ms=10_000)}), ["d0"],
+               pass_clock=lambda: next(ticks))
+    e.device_up(0, 0)
+    for k in range(12):
+        for i in range(4):
+            e.submit(job(f"{k}-{i}"), 0)
+        [d], _ = e.step(0)
+        e.completed(d.device, d.batch.id, ok_outcome(d.batch, 20 * MS), 0)
+    for i in range(4):
+        e.submit(job(f"a{i}"), 100 * MS)
+    [running], _ = e.step(100 * MS)
+    for i in range(4):
+        e.submit(job(f"b{i}"), 101 * MS)
+    assert e.step(101 * MS) == ([], [])   # (the device frees at 120 ms: not yet)
+    return round(e.next_wakeup() / MS), e.lead_ns // MS
+
+
+def test_the_slot_behind_a_running_batch_opens_as_early_as_the_daemons_passes_take():
+    # Passes of 0.5 ms: the configured lead (1 ms) hides them, the slot opens at 119 ms. Passes of
+    # 5 ms: it opens at 115, so the batch is cut by the time the device frees, not 4 ms after.
+    assert queued_slot_opens_at(0.5) == (119, 1)
+    assert queued_slot_opens_at(5.0) == (115, 5)
+    e = engine()   # without the daemon's clock (the simulator's passes take no time): as configured
+    e.submit(job(0), 0)
+    e.step(0)
+    assert e.lead_ns == MS and e.snapshot(0)["scheduling"]["passes"] == 0

@@ -308,19 +308,18 @@ def test_observer_keeps_the_latest_reading_and_tells_the_engine(monkeypatch):
 
 
 def test_scheduling_passes_count_those_slower_than_the_queue_lead():
-    # A 1 ms lead: passes of 0.2, 0.9, 1.0, 3 and 12 ms that cut batches, and one that cut none;
-    # the passes of 3 and 12 ms may have left a device waiting.
+    # A 1 ms lead: passes of 0.2, 0.9, 1.0, 3 and 12 ms; the last two may have left a device waiting.
+    # A queued slot then opens as early as the slowest recent pass took, less 10% a pass since.
     passes = SchedulingPasses(1_000_000)
-    for ms, cut in ((0.2, True), (0.9, True), (1.0, True), (7.0, False), (3.0, True), (12.0, True)):
-        clock_at = iter([int(ms * 1_000_000)])
-        assert passes.timed(lambda now: (["batch"] if cut else [], "answers"), 0, lambda: next(clock_at)) \
-            == (["batch"] if cut else [], "answers")
+    leads = [passes.counted(int(ms * 1_000_000)) / 1e6 for ms in (0.2, 0.9, 1.0, 3.0, 12.0)]
+    assert leads == [1.0, 1.0, 1.0, 3.0, 12.0]
+    assert [passes.counted(100_000) / 1e6 for _ in range(3)] == [10.8, 9.72, 8.748]
     got = passes.snapshot()
-    assert (got["passes"], got["over_lead"], got["lead_ms"], got["max_ms"]) == (5, 2, 1.0, 12.0)
-    assert got["seconds"] == pytest.approx(0.0171) and got["mean_ms"] == pytest.approx(3.42)
+    assert (got["passes"], got["over_lead"], got["lead_ms"], got["max_ms"], got["opens_ms"]) == (8, 2, 1.0, 12.0, 8.748)
+    assert got["seconds"] == pytest.approx(0.0174) and got["mean_ms"] == pytest.approx(2.175)
     page = metrics.render(status(scheduling=got), gpu={})
     assert types_of(page)["dynbatchd_scheduling_over_lead_total"] == "counter"
     values = samples(page)
-    assert values["dynbatchd_scheduling_passes_total"] == 5
+    assert values["dynbatchd_scheduling_passes_total"] == 8
     assert values["dynbatchd_scheduling_over_lead_total"] == 2
-    assert values["dynbatchd_scheduling_seconds_total"] == pytest.approx(0.0171)
+    assert values["dynbatchd_scheduling_seconds_total"] == pytest.approx(0.0174)
