@@ -198,7 +198,6 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
 
     def step(self, now_ns: int) -> tuple[list[Dispatch], list[Answer]]:
         """One scheduling pass: answer the hopeless, fill every open device slot."""
-        began = self.pass_clock() if self.pass_clock is not None else 0
         dispatches: list[Dispatch] = []
         answers: list[Answer] = []
         if self.warmup_backlog and not self.stopped:
@@ -208,6 +207,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
             self._review_splits(now_ns)
         if not self.scheduler.depth():
             return dispatches, answers
+        began = self.pass_clock() if self.pass_clock is not None else 0
         views = self._views()   # one snapshot, kept current as batches are placed
         while True:   # each placement may open that device's next slot: ask again until none opens
             free, busy = open_slots(views, now_ns, self.inflight, self.lead_ns)

@@ -233,7 +233,7 @@ class Scheduler:
         best = None
         best_key = None
         total = sum(self._recent.values()) or 1.0
-        batch_time = 2 * max(self._longest_batch_ns(c, now_ns) for c in self.channels.values()) + busy_ns
+        batch_time = None   # (found once a lane is ready: most polls find none)
         for channel in self.channels.values():
             if not channel.depth:
                 continue
@@ -244,6 +244,8 @@ class Scheduler:
                     continue   # optional work runs only on an idle device with no live request waiting
                 if channel.ready_at(lane, now_ns, free_slots, self.draining, busy_ns) > now_ns:
                     continue
+                if batch_time is None:
+                    batch_time = 2 * max(self._longest_batch_ns(c, now_ns) for c in self.channels.values()) + busy_ns
                 deadline = lane.head_deadline()
                 urgent = deadline - batch_time - channel.cost.estimate_ns(len(lane), lane.tokens) <= now_ns
                 key = (not (starved and urgent), not urgent, -settings.priority if urgent else 0, deadline)
