@@ -16,7 +16,8 @@ the device (a pipelined worker tokenises the next batch while one runs: it
 must have it that early, or the device waits for Python).
 Cutting a batch earlier would only make it smaller and then wait behind the
 running one anyway; cutting it `lead_ns` early still hides the time to
-assemble and send it.
+assemble and send it (`[devices] queue_lead_ms`, or as long as the daemon's
+recent passes took where longer: `Engine.step`).
 """
 
 from __future__ import annotations
