@@ -116,7 +116,7 @@ class SchedulingPasses:
 
     __slots__ = ("lead_ns", "passes", "total_ns", "over_lead", "max_ns", "recent_ns")
 
-    RECENT_DECAY = 0.9   # per pass: a slow pass stops counting after about ten faster ones
+    RECENT_DECAY = 0.9   # per pass: a slow pass fades by a tenth with each one after it
 
     def __init__(self, lead_ns: int) -> None:
         self.lead_ns = lead_ns
