@@ -99,26 +99,25 @@ def main(argv: list[str] | None = None) -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     print(f"commit {commit}; trace {trace.name}; planning time per batch (wall ms on this machine); "
           f"replay SIMULATED as benchmarks.bursty\n")
-    here = Path(__file__).resolve().parent.parent
-    sides = {"this": [here]}
+    sides = {"this": Path(__file__).resolve().parent.parent}
     with tempfile.TemporaryDirectory(prefix="dynbatchd-plan-time-") as tmp:
         if args.against:
             from benchmarks.compare import export
-            sides = {args.against: [export(args.against, Path(tmp) / "ref")], "this": [here]}
+            sides = {args.against: export(args.against, Path(tmp) / "ref"), **sides}
         runs: dict[str, list[dict]] = {name: [] for name in sides}
         for _ in range(args.rounds if args.against else 1):
-            for name, (tree,) in sides.items():
+            for name, tree in sides.items():
                 runs[name].append(measure_in(tree, trace, args.speedups))
     print("| speed-up | side | batches | p50 ms | p90 ms | p99 ms | over the 1 ms lead | total s |")
     print("|---|---|---|---|---|---|---|---|")
     for speedup in runs["this"][0]:
-        for name, results in runs.items():
-            best = min(results, key=lambda r: r[speedup]["total_s"])[speedup]   # (the least disturbed round)
-            print(f"| x{speedup} | {name} | {best['batches']} | {best['p50']:.2f} | {best['p90']:.2f} | "
-                  f"{best['p99']:.2f} | {best['over_lead']} | {best['total_s']:.2f} |")
+        best = {name: min((r[speedup] for r in results), key=lambda r: r["total_s"])   # (the least disturbed round)
+                for name, results in runs.items()}
+        for name, b in best.items():
+            print(f"| x{speedup} | {name} | {b['batches']} | {b['p50']:.2f} | {b['p90']:.2f} | "
+                  f"{b['p99']:.2f} | {b['over_lead']} | {b['total_s']:.2f} |")
         if args.against:
-            ref = min(runs[args.against], key=lambda r: r[speedup]["total_s"])[speedup]
-            new = min(runs["this"], key=lambda r: r[speedup]["total_s"])[speedup]
+            ref, new = best[args.against], best["this"]
             print(f"| x{speedup} | this/ref | | | {new['p90'] / ref['p90']:.2f} | {new['p99'] / ref['p99']:.2f} | | "
                   f"{new['total_s'] / ref['total_s']:.2f} |")
     return 0
