@@ -237,6 +237,28 @@ def test_an_idle_realtime_channel_does_not_cap_the_standard_channels_batches():
     assert standard_batch(1001 + 10_000 + 1) == 32
 
 
+def test_a_channel_that_has_timed_no_batch_runs_one_request_at_a_time_under_a_budget():
+    # Its cost is unknown (the fit says every batch is free), so it cannot be held to what a busy
+    # realtime channel can wait for: 8 bulk requests of 15k tokens (246 ms together) would run at
+    # once past realtime's 200 ms deadline. One at a time until a batch is timed; then by its cost.
+    channels = {"realtime": ChannelSettings(max_batch=8, window_ms=0, deadline_ms=200, priority=2),
+                "bulk": ChannelSettings(max_batch=8, window_ms=0, deadline_ms=30_000, priority=0)}
+    s = Scheduler(build_channels(channels))
+    taught(s, "realtime")
+    assert s.submit(item(0, 100, 200, "realtime"), 0, 1, idle=True)
+    assert s.poll(0, free_slots=1).batches[0].channel == "realtime"   # realtime is not quiet: bulk is budgeted
+    for _ in range(16):
+        assert s.submit(item(1, 15_000, 30_000, "bulk"), MS, 1, idle=True)
+    [first] = s.poll(MS, free_slots=1).batches
+    assert len(first.items) == 1
+    s.completed(first, int((8 + 0.5 + 0.002 * 15_000) * MS), 40 * MS)
+    taught(s, "bulk")
+    [second] = s.poll(40 * MS, free_slots=1).batches
+    # The budget: (200 ms - a full realtime batch of 100 tokens, 12.2 ms) / 2 = 93.9 ms; one bulk
+    # request is 38.5 ms, two 69, three 99.5.
+    assert len(second.items) == 2
+
+
 def test_refusing_a_request_past_the_peak_does_not_walk_the_queue():
     # Past the peak most requests are refused; each refusal must cost a constant, not a pass over
     # every queued request (that made answered requests fall as the offered rate rose).
