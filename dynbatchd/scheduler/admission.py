@@ -120,10 +120,7 @@ class Admission:
         state): its batch re-measures the cost."""
         if self.settings.run_late:
             return
-        on_cost = self.refuses_on_cost(now_ns)
-        confirmed = self.cost.confirmed_ns
-        last = max(self._probed_ns, now_ns if confirmed is None else confirmed)
-        probe = idle and on_cost and now_ns - last >= self.PROBE_EVERY_NS   # no batch of its own for a while
+        on_cost = probe = None   # (asked only of a head the cost calls hopeless: most polls meet none)
         start = now_ns + device_busy_ns
         estimate = self.cost.estimate_ns
         emptied = False
@@ -131,10 +128,15 @@ class Admission:
             while lane.heap:
                 deadline, _, head = lane.heap[0]
                 if deadline >= now_ns:   # it could still make it: only a cost the channel trusts says otherwise
-                    if not on_cost:
-                        break
                     run = estimate(1, head.tokens)
                     if deadline >= start + run:
+                        break
+                    if on_cost is None:
+                        on_cost = self.refuses_on_cost(now_ns)
+                        confirmed = self.cost.confirmed_ns
+                        last = max(self._probed_ns, now_ns if confirmed is None else confirmed)
+                        probe = idle and on_cost and now_ns - last >= self.PROBE_EVERY_NS   # no batch of its own for a while
+                    if not on_cost:
                         break
                     if self.cost.disputed:   # kept, as is every one behind it: count them all
                         for entry in lane.heap:

@@ -175,8 +175,12 @@ class Scheduler:
         """How much longer than its device time `channel`'s work takes: channels of higher priority
         took that share of recent device time (at most 10)."""
         mine = channel.settings.priority
-        total = sum(self._recent.values())
-        above = sum(t for name, t in self._recent.items() if self.channels[name].settings.priority > mine)
+        total = above = 0.0
+        channels = self.channels
+        for name, t in self._recent.items():   # (a plain loop: this runs once a batch)
+            total += t
+            if channels[name].settings.priority > mine:
+                above += t
         return 1.0 / max(0.1, 1.0 - above / total) if total > 0 and above > 0 else 1.0
 
     def _longest_batch_ns(self, channel: Channel, now_ns: int) -> int:
@@ -230,10 +234,8 @@ class Scheduler:
         Warmup lanes (nobody waits for them) only when a device is idle and no live request
         is queued anywhere, in batches no longer than `_warmup_budget_ns`.
         """
-        best = None
-        best_key = None
+        ready: list[tuple[Channel, Lane, bool]] = []
         total = sum(self._recent.values()) or 1.0
-        batch_time = None   # (found once a lane is ready: most polls find none)
         for channel in self.channels.values():
             if not channel.depth:
                 continue
@@ -242,16 +244,22 @@ class Scheduler:
             for lane in channel.lanes.values():
                 if lane.warmup and (busy_ns > 0 or self._live_work_queued()):
                     continue   # optional work runs only on an idle device with no live request waiting
-                if channel.ready_at(lane, now_ns, free_slots, self.draining, busy_ns) > now_ns:
-                    continue
-                if batch_time is None:
-                    batch_time = 2 * max(self._longest_batch_ns(c, now_ns) for c in self.channels.values()) + busy_ns
-                deadline = lane.head_deadline()
-                urgent = deadline - batch_time - channel.cost.estimate_ns(len(lane), lane.tokens) <= now_ns
-                key = (not (starved and urgent), not urgent, -settings.priority if urgent else 0, deadline)
-                if best_key is None or key < best_key:
-                    best, best_key = (channel, lane), key
-        if best is not None and best_key[0]:   # (a pick by its minimum share stands)
+                if channel.ready_at(lane, now_ns, free_slots, self.draining, busy_ns) <= now_ns:
+                    ready.append((channel, lane, starved))
+        if not ready:
+            return None
+        if len(ready) == 1 and not ready[0][2]:   # (the only one, picked by no minimum share: no key to weigh)
+            best = ready[0][0], ready[0][1]
+            return self._waiting_above(best, now_ns, free_slots, busy_ns) or best
+        best, best_key = None, None
+        batch_time = 2 * max(self._longest_batch_ns(c, now_ns) for c in self.channels.values()) + busy_ns
+        for channel, lane, starved in ready:
+            deadline = lane.head_deadline()
+            urgent = deadline - batch_time - channel.cost.estimate_ns(len(lane), lane.tokens) <= now_ns
+            key = (not (starved and urgent), not urgent, -channel.settings.priority if urgent else 0, deadline)
+            if best_key is None or key < best_key:
+                best, best_key = (channel, lane), key
+        if best_key[0]:   # (a pick by its minimum share stands)
             return self._waiting_above(best, now_ns, free_slots, busy_ns) or best
         return best
 
@@ -304,7 +312,10 @@ class Scheduler:
 
     # -- views --------------------------------------------------------------
     def depth(self) -> int:
-        return sum(c.depth for c in self.channels.values())
+        n = 0
+        for channel in self.channels.values():   # (a plain loop: asked at least once per scheduling pass)
+            n += channel.depth
+        return n
 
     def snapshot(self, now_ns: int = 0) -> dict[str, dict[str, Any]]:
         return {name: c.snapshot(now_ns) for name, c in self.channels.items()}
