@@ -49,9 +49,10 @@ def test_the_cache_discards_an_entry_without_counting_an_eviction():
 
 def test_the_engine_drops_the_users_warmup_inputs_and_keeps_no_result_of_those_already_running():
     cache = ResultCache(100)
-    e = Engine(build_channels({"bulk": ChannelSettings(max_batch=2, window_ms=0, deadline_ms=10_000,
+    e = Engine(build_channels({"bulk": ChannelSettings(max_batch=2, window_ms=10, deadline_ms=10_000,
                                                        queue_limit=4)}), ["d0"], inflight=1, cache=cache)
     e.device_up(0)
+    e.channels["bulk"].cost.observe(2, 2, MS)   # a batch timed (1 ms): warmup batches of two fit its 10 ms window
 
     def warm(text):
         return Job("m", "bulk", 1, 0, Pending(None, P.Request(0, "m", text=text)), None, ("m", None, text))
