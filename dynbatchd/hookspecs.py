@@ -306,6 +306,11 @@ def dynbatchd_runners() -> dict[str, Any]:
         per-device batch limits size it from, and its sequence cap. The base
         class returns the ``path`` option and ``max_tokens``; None: nothing to
         plan from (the batches are then limited by ``max_batch`` alone).
+    ``sequence_cap(options) -> int | None``
+        Class method: the most tokens of one request the model reads (it
+        truncates the rest), so that the engine counts a request's cost and
+        memory at no more; the base class returns ``max_tokens``; None: every
+        token counts.
     ``own_limit(options, device) -> (items, tokens) | None``
         Class method: the batch limit on ``device`` by the runner's own account
         (0: none), which the planner then does not second-guess; the base class

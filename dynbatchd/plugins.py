@@ -155,6 +155,12 @@ class Plugins:
     def runners(self) -> dict[str, Any]:
         return self._registry(self.pm.hook.dynbatchd_runners, "runner")
 
+    def sequence_caps(self, models: Any) -> dict[str, int]:
+        """Model name -> the most tokens of one request its runner reads (`Runner.sequence_cap`)."""
+        from dynbatchd.devices.runners import sequence_caps   # (numpy: only where a daemon or simulator asks)
+
+        return sequence_caps(models, self.runners())
+
     def cache_policies(self) -> dict[str, Any]:
         return self._registry(self.pm.hook.dynbatchd_cache_policies, "cache policy")
 

@@ -96,6 +96,11 @@ class SentenceEmbeddingRunner(StagedRunner):
         except ImportError:   # the bundled model is not installed: the worker says so when it loads
             return None
 
+    @classmethod
+    def sequence_cap(cls, options: dict[str, Any]) -> int | None:
+        """``max_tokens`` (256): the tokenizer truncates every input there."""
+        return int(options.get("max_tokens", 256))
+
     def load(self):
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -35,7 +35,7 @@ import importlib
 import math
 import os
 import re
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -171,6 +171,14 @@ class Runner:
         return (str(path), options.get("max_tokens")) if path else None
 
     @classmethod
+    def sequence_cap(cls, options: dict[str, Any]) -> int | None:
+        """The most tokens of one request the model reads (it truncates the rest), or None: every
+        token counts. The engine counts a request's cost and memory at no more than this
+        (`sequence_caps`). By default ``options.max_tokens``, as `model_directory`."""
+        cap = options.get("max_tokens")
+        return int(cap) if cap else None
+
+    @classmethod
     def own_limit(cls, options: dict[str, Any], device: str) -> tuple[int, int] | None:
         """(items, tokens) a batch may hold on `device` by the runner's own account (0: no limit),
         overriding the planner's; None (the default): the planner decides from `model_directory`."""
@@ -238,3 +246,15 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     return getattr(importlib.import_module(f"dynbatchd.devices.{module}"), name)
+
+
+def sequence_caps(models: Mapping[str, Any] | None, runners: Mapping[str, Any]) -> dict[str, int]:
+    """Model name -> the tokens of one request its runner reads at most (`Runner.sequence_cap`),
+    for the models whose runner says; `models`: a config's ``[models]`` (None: none known)."""
+    caps = {}
+    for name, settings in (models or {}).items():
+        runner = runners.get(settings.runner)
+        cap = runner.sequence_cap(dict(settings.options)) if hasattr(runner, "sequence_cap") else None
+        if cap:
+            caps[name] = cap
+    return caps

@@ -64,7 +64,9 @@ class Intake:
     cache policy. `quota(tenant, payload)`: a refusal message or None; `quota_on(config)`: whether
     `config` sets any quota (None: always ask `quota`), decided once per config. `observe_user`: the top-users
     sketch's ``observe``. `loading(model)`: the model is not loaded yet. `curve`: the front end
-    authenticates keys, so an isolated channel's tenant comes from the key.
+    authenticates keys, so an isolated channel's tenant comes from the key. `sequence_caps(models)`:
+    model -> the most tokens of one request it reads (``Plugins.sequence_caps``), decided once per
+    config: a Job counts no more (its cost, its memory), while routing sees the request's own count.
     """
 
     def __init__(self, config: Any, route: Callable[[RequestInfo, Any], str], *,
@@ -73,9 +75,10 @@ class Intake:
                  quota: Callable[[str | None, Any], str | None] | None = None,
                  quota_on: Callable[[Any], bool] | None = None,
                  observe_user: Callable[[str | None, str, str, str], None] | None = None,
-                 loading: Container[str] | Callable[[str], bool] = (), curve: bool = False):
+                 loading: Container[str] | Callable[[str], bool] = (), curve: bool = False,
+                 sequence_caps: Callable[[Any], Mapping[str, int]] | None = None):
         self.cache_on, self.cache_rule, self.quota, self.observe_user = cache_on, cache_rule, quota, observe_user
-        self.quota_on = quota_on
+        self.quota_on, self.sequence_caps = quota_on, sequence_caps
         self.config, self.route, self.admit_check = config, route, admit_check   # (the setter below)
         self.loading = loading if callable(loading) else loading.__contains__
         self.curve = curve
@@ -92,12 +95,14 @@ class Intake:
         self._channels = config.channels
         self._key_tenants = config.compliance.key_tenants
         self._quota = self.quota if self.quota_on is None or self.quota_on(config) else None
+        caps = self.sequence_caps
+        self._caps = caps(self._models) if caps is not None and self._models else {}
 
     @classmethod
     def from_plugins(cls, config: Any, plugins: Any, **kwargs: Any) -> "Intake":
         """The intake with `plugins`' routing and admission hooks (what the daemon and the simulator use)."""
-        return cls(config, plugins.channel_for,
-                   admit_check=plugins.admit if plugins.has_admission_checks else None, **kwargs)
+        return cls(config, plugins.channel_for, admit_check=plugins.admit if plugins.has_admission_checks else None,
+                   sequence_caps=plugins.sequence_caps, **kwargs)
 
     def admit(self, meta: RequestMeta, payload: Any = None) -> Job | Refusal:
         """A Job to submit, or why not (in the daemon's order: model, routing and the API key's
@@ -132,7 +137,10 @@ class Intake:
                 rule = self.cache_rule(info)
             if meta.user is not None and self.observe_user is not None and not settings.isolated:
                 self.observe_user(tenant, meta.user, model, meta.text)
-        return Job(model, channel, meta.tokens, meta.deadline_ms or settings.deadline_ms,
+        tokens, cap = meta.tokens, self._caps.get(model)
+        if cap is not None and tokens > cap:   # the model reads the first `cap`: a 40 KB text costs what 256 tokens do
+            tokens = cap
+        return Job(model, channel, tokens, meta.deadline_ms or settings.deadline_ms,
                    payload, tenant, cache_key, rule)
 
 

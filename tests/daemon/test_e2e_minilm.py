@@ -36,6 +36,18 @@ def test_input_the_model_cannot_take_is_bad_request_and_harms_no_one(minilm_daem
         assert good.result(timeout=60).output.shape == (384,)
 
 
+def test_a_text_longer_than_the_model_reads_is_costed_at_what_it_reads(minilm_daemon):
+    # MiniLM reads a text's first 256 tokens. A 400 KB text is ~100k tokens by its size: costed in
+    # full, a settled cost (0.1-0.2 ms a token on a CPU) called it hopeless within 2 s and it was
+    # refused at once as deadline_exceeded; it runs in well under a second.
+    with Client(minilm_daemon.endpoint) as client:
+        for i in range(30):   # one at a time, of 5 to 200 words: 30 batches timed, its cost per token learned
+            client.infer("minilm", "word " * (5, 20, 60, 120, 200)[i % 5])
+        assert minilm_daemon.status()["channels"]["standard"]["cost_ms"]["samples"] >= 20
+        long = client.infer_result("minilm", "many words here " * 25_000, deadline_ms=2000)
+        assert long.output.shape == (384,)
+
+
 def test_dynbatchctl_infer_prints_embedding_and_timing(minilm_daemon):
     out = subprocess.run([str(Path(sys.executable).parent / "dynbatchctl"), "--endpoint", minilm_daemon.endpoint,
                           "infer", "minilm", "some text", "--json"], capture_output=True, text=True, timeout=120)

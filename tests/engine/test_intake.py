@@ -136,3 +136,37 @@ def test_the_quota_is_not_asked_while_the_config_sets_none_and_is_after_a_reload
     intake.config = reloaded                # the reload's config sets one: asked from the next request
     assert isinstance(intake.admit(meta((), "sim", "bank", None, None)), Job)
     assert asked == ["bank"]
+
+
+CAPPED = """
+[models.minilm]
+runner = "sentence-embedding"
+options = { max_tokens = 128 }
+[models.sim]
+runner = "simulated"
+[channels.standard]
+max_batch = 8
+window_ms = 1
+[channels.bulk]
+max_batch = 8
+window_ms = 1
+deadline_ms = 30000
+[routing]
+default = "standard"
+[[routing.rules]]
+tokens_above = 8192
+channel = "bulk"
+"""
+
+
+def test_a_job_counts_no_more_tokens_than_its_model_reads_while_routing_sees_the_request():
+    # A 40 KB text is ~10k tokens by its size; MiniLM reads its first max_tokens. Counted in full,
+    # its learned cost on a CPU (0.14-0.18 ms a token) said 1.4 s, and a 1 s channel refused it,
+    # as deadline_exceeded, for a request that runs in 80 ms.
+    intake = Intake.from_plugins(parse(tomllib.loads(CAPPED)), Plugins.load())
+    long = intake.admit(RequestMeta("minilm", 10_000))
+    assert (long.channel, long.tokens) == ("bulk", 128)          # routed by its size, costed by what is read
+    assert intake.admit(RequestMeta("minilm", 100)).tokens == 100
+    assert intake.admit(RequestMeta("sim", 10_000)).tokens == 10_000   # a runner with no cap: every token counts
+    intake.config = parse(tomllib.loads(CAPPED.replace("max_tokens = 128", "max_tokens = 512")))
+    assert intake.admit(RequestMeta("minilm", 10_000)).tokens == 512   # a reload's cap, from the next request
