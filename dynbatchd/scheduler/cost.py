@@ -33,6 +33,9 @@ class CostModel:
     REGIME = 3                   # that many such batches in a row: the device changed, start again from them
     DISPUTE = 3.0                # the fit overestimates the last batches this many times: refuse nothing on it
     RECENT = 5                   # batches `disputed` and `measured_ns` look at
+    FAR = 16   # a settled fit's batch of this many times the most tokens it has seen, far faster than
+    # the fit says, is an outlier too (REGIME of them in a row: a new regime): one request whose client
+    # claimed a billion tokens for a 10 ms batch otherwise set the per-token cost to 0 for 200 batches
 
     def __init__(self, forget: float = 0.98):
         self.forget = forget
@@ -59,6 +62,8 @@ class CostModel:
         if lo[0] <= n <= hi[0] and lo[1] <= k <= hi[1]:   # (beyond what it has seen, the fit only guesses)
             ratio = t / max(1.0, self.estimate_ns(size, tokens))
             direction = 1 if ratio > self.OUTLIER else -1 if ratio < 1 / self.OUTLIER else 0
+        elif self.settled and k > self.FAR * hi[1] and t * self.OUTLIER < self.estimate_ns(size, tokens):
+            direction = -1   # far past every batch seen, and far faster than that size says: see FAR
         else:
             self._seen = ((min(lo[0], n), min(lo[1], k)), (max(hi[0], n), max(hi[1], k)))
         refit = not direction

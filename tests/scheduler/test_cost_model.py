@@ -68,6 +68,20 @@ def test_a_noisy_narrow_range_of_sizes_and_tokens_keeps_its_estimates_near_the_m
     assert all(c >= 0 for c in cost.coefficients())
 
 
+def test_one_batch_claiming_far_more_tokens_than_ever_seen_cannot_zero_the_token_cost():
+    # A client may declare any token count for a short text (the simulated runner costs by it, so the
+    # daemon keeps it). A batch of "a billion tokens" that ran in 10 ms set the per-token cost to 0
+    # (and tokens_matter False) for 200 batches after; now it is an outlier, and three in a row a new regime.
+    rng = random.Random(1)
+    sizes = [(n, n * rng.randint(50, 300)) for n in (rng.randint(1, 16) for _ in range(60))]
+    cost = fed([(n, k, 8 + 0.5 * n + 0.01 * k) for n, k in sizes])
+    before = cost.coefficients()
+    fed([(2, 10**9, 9.5)], cost)
+    assert cost.coefficients() == before and cost.tokens_matter
+    fed([(2, 10**9, 9.5)] * 2, cost)   # the third in a row: the device really does not count them
+    assert cost.coefficients()[2] == 0.0
+
+
 def test_one_batch_size_only_gives_its_mean_time_and_no_slope():
     cost = fed([(8, 0, 10), (8, 0, 12)] * 10)
     assert cost.coefficients() == pytest.approx((11 * MS, 0.0, 0.0), rel=0.02)
