@@ -240,5 +240,4 @@ class Channel(Admission, Planning):
                 "cost_ms": {"base": base / 1e6, "per_item": per_item / 1e6, "per_token": per_token / 1e6,
                             "samples": self.cost.samples},
                 "end_slip_ms": self.end_slip_ns / 1e6,
-                "long_price": round(self.long_ledger.price, 3),
-                "failing": round(self.failing, 4)}
+                "long_price": round(self.long_ledger.price, 3)}

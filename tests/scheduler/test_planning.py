@@ -84,7 +84,6 @@ def test_failing_follows_the_last_thousand_requests():
     for _ in range(20):
         channel.counted_failed()
     assert channel.failing == pytest.approx(1 - 0.999 ** 20)   # 2%: no late heads kept
-    assert channel.snapshot(0)["failing"] == round(1 - 0.999 ** 20, 4)   # what `status` shows
     served = 0
     while served < 2000:   # then 2,000 served, in batches of up to 32: under 1% again
         for _ in range(min(32, 2000 - served)):
