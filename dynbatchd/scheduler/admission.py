@@ -25,7 +25,6 @@ class Admission:
         later, after holding a place."""
         if self.depth >= self.settings.queue_limit:
             self.stats.overloaded += 1
-            self.counted_failed()
             self.refused_wait_ns = None
             return False
         if wait_ns is not None and not self.settings.run_late:
@@ -42,7 +41,6 @@ class Admission:
             if now_ns + wait_ns + run_ns > item.deadline_ns:
                 if not self.cost.disputed:
                     self.stats.overloaded += 1
-                    self.counted_failed()
                     self.refused_wait_ns = wait_ns
                     return False
                 self.disputed_refusal(item, run_ns)   # a cost far above what was measured refuses nothing
@@ -153,7 +151,6 @@ class Admission:
                 self.depth -= 1
                 if not item.warmup:
                     self.stats.expired += 1
-                    self.counted_failed()
             lane.prune()
             emptied = emptied or not lane.heap
         if emptied:

@@ -57,7 +57,6 @@ class Channel(Admission, Planning):
         self.device_stretch = 1.0   # wall time per unit of its device time (`Scheduler._stretch`)
         self._slips: deque[int] = deque(maxlen=self.SLIP_BATCHES)   # recent batches' ends past their plan
         self.end_slip_ns = 0            # aimed before each deadline (`batch_ended`)
-        self.failing = 0.0              # share of recent requests refused or expired (`keeps_late_heads`)
         self._slips_new = 0             # batches since it was last read
         self._probed_ns = -self.PROBE_EVERY_NS   # when `expire` last let a hopeless request try
         self._spared: tuple[int, set[int]] = (0, set())   # (CostModel.disputes episode logged, keys it spared)

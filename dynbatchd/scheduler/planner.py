@@ -124,7 +124,6 @@ class Planning:
             stats.warmup_batches += 1
             stats.warmup_items += len(items)
         else:
-            self.failing *= (1.0 - 1.0 / self.FAILING_MEMORY) ** len(items)
             stats.batches += 1
             stats.batched_items += len(items)
             stats.batch_sizes[len(items)] = stats.batch_sizes.get(len(items), 0) + 1
@@ -160,30 +159,11 @@ class Planning:
         full = self.cost.estimate_ns(limit, int(limit * self.median_tokens.value))
         return full > self.settings.deadline_ms * 1_000_000
 
-    FAILING_AT_MOST = 0.01   # a channel failing more of its recent requests than this keeps no late head
-    FAILING_MEMORY = 1000    # requests `failing` follows (each weighs 1/1000 less per request after it)
-
-    def counted_failed(self) -> None:
-        """A request of this channel refused (overloaded) or expired: `failing` steps towards 1."""
-        self.failing += (1.0 - self.failing) / self.FAILING_MEMORY
-
-    def keeps_late_heads(self, limit: int) -> bool:
-        """Whether a single-batch plan that is mostly on time runs as it is (`_mostly_on_time`):
-        in a `latency_bound` channel, while it fails (refuses or expires) at most FAILING_AT_MOST
-        of its recent requests. Keeping a late head trades a certain refusal for a lateness that
-        is only predicted, which serves a p99 target while errors are rare (issue 30: MiniLM at
-        p99 <= 50 ms, under 0.1% errors). Once more than 1 in 100 fail, a p99 target is lost
-        anyway, and a head answered late only takes device time from the requests behind it:
-        bursts of twice what 50 ms can serve got 5,892 on time of 16,080 with late heads kept
-        throughout, against 7,342 now (`benchmarks.spread_bursts`; FIFO-drop 6,508). Issue 30's
-        passes do not move at a limit of 0.3% or 1%; at 0.1% they fall."""
-        return self.failing <= self.FAILING_AT_MOST and self.latency_bound(limit)
-
     @staticmethod
     def _mostly_on_time(kept: list[Item], end: int, slip: int) -> bool:
         """Whether most of a single batch ending at `end` is on time: its lateness then falls on
-        the few at its head, a prediction that may not come true, and a channel that
-        `keeps_late_heads` runs it rather than refuse one. Where most of it would be late (a burst that arrived at
+        the few at its head, a prediction that may not come true, and a `latency_bound` channel
+        runs it rather than refuse one. Where most of it would be late (a burst that arrived at
         once: all its deadlines alike), keeping it would answer the whole burst late, so the plan
         drops as it does anywhere else."""
         late = sum(1 for item in kept if item.deadline_ns - slip < end)
@@ -270,7 +250,7 @@ class Planning:
         first in a latency-bound channel run on their own instead of late at the head of one."""
         base, per_item, per_token = self.cost.coefficients()
         slip = self.end_slip_ns
-        keep_single = self.keeps_late_heads(limit)
+        keep_single = self.latency_bound(limit)
         if long_price:   # what the plan drops first: the most device time per request it counts
             long_cut = self.long_ledger.long_above()
             def weight(tokens: int) -> float:
