@@ -25,6 +25,7 @@ class Admission:
         later, after holding a place."""
         if self.depth >= self.settings.queue_limit:
             self.stats.overloaded += 1
+            self.counted_outcomes(1, 1, now_ns)
             self.refused_wait_ns = None
             return False
         if wait_ns is not None and not self.settings.run_late:
@@ -41,6 +42,7 @@ class Admission:
             if now_ns + wait_ns + run_ns > item.deadline_ns:
                 if not self.cost.disputed:
                     self.stats.overloaded += 1
+                    self.counted_outcomes(1, 1, now_ns)
                     self.refused_wait_ns = wait_ns
                     return False
                 self.disputed_refusal(item, run_ns)   # a cost far above what was measured refuses nothing
@@ -151,6 +153,7 @@ class Admission:
                 self.depth -= 1
                 if not item.warmup:
                     self.stats.expired += 1
+                    self.counted_outcomes(1, 1, now_ns)
             lane.prune()
             emptied = emptied or not lane.heap
         if emptied:

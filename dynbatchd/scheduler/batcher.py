@@ -123,6 +123,11 @@ class Scheduler:
         channel.window.on_batch_done(n, batch.tokens, compute_ns, now_ns)
         if not batch.items[0].warmup:
             channel.stats.compute_ns += compute_ns * n
+            late = 0
+            for item in batch.items:   # (a plain loop: this runs once a batch)
+                if now_ns > item.deadline_ns:
+                    late += 1
+            channel.counted_outcomes(n, late, now_ns)
 
     def out_of_memory(self, batch: Batch) -> None:
         """A batch did not fit on the device: that channel's sizer lowers its limit."""

@@ -57,6 +57,8 @@ class Channel(Admission, Planning):
         self.device_stretch = 1.0   # wall time per unit of its device time (`Scheduler._stretch`)
         self._slips: deque[int] = deque(maxlen=self.SLIP_BATCHES)   # recent batches' ends past their plan
         self.end_slip_ns = 0            # aimed before each deadline (`batch_ended`)
+        self.failing = 0.0              # recent requests late or failed, as of _failing_at (`failing_share`)
+        self._failing_at = 0
         self._slips_new = 0             # batches since it was last read
         self._probed_ns = -self.PROBE_EVERY_NS   # when `expire` last let a hopeless request try
         self._spared: tuple[int, set[int]] = (0, set())   # (CostModel.disputes episode logged, keys it spared)
@@ -239,4 +241,5 @@ class Channel(Admission, Planning):
                 "cost_ms": {"base": base / 1e6, "per_item": per_item / 1e6, "per_token": per_token / 1e6,
                             "samples": self.cost.samples},
                 "end_slip_ms": self.end_slip_ns / 1e6,
-                "long_price": round(self.long_ledger.price, 3)}
+                "long_price": round(self.long_ledger.price, 3),
+                "failing": round(self.failing_share(now_ns), 4)}
