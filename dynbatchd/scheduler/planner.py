@@ -168,6 +168,9 @@ class Planning:
     def counted_outcomes(self, count: int, failed: int, now_ns: int) -> None:
         """`count` requests' outcomes for `failing_share`, `failed` of them refused (overloaded),
         expired or answered late, the rest answered in time (counted first: a batch is one event)."""
+        if not failed and not self.failing:   # (the common case: nothing missed, lately or now)
+            self._failing_at = now_ns
+            return
         keep = 1.0 - 1.0 / self.FAILING_MEMORY
         share = self.failing_share(now_ns) * keep ** (count - failed)
         for _ in range(failed):
