@@ -90,9 +90,9 @@ class SentenceEmbeddingRunner(StagedRunner):
     def model_directory(cls, options: dict[str, Any]) -> tuple[str, int | None] | None:
         """``path``, else the bundled model's directory; the sequence cap is ``max_tokens`` (256)."""
         if options.get("path"):
-            return str(options["path"]), options.get("max_tokens", 256)
+            return str(options["path"]), cls.sequence_cap(options)
         try:
-            return default_model_path(), options.get("max_tokens", 256)
+            return default_model_path(), cls.sequence_cap(options)
         except ImportError:   # the bundled model is not installed: the worker says so when it loads
             return None
 
@@ -112,7 +112,7 @@ class SentenceEmbeddingRunner(StagedRunner):
         path = self.options.get("path") or default_model_path()
         self.torch = torch
         self.cuda = self.device.startswith("cuda")
-        self.max_tokens = int(self.options.get("max_tokens", 256))
+        self.max_tokens = self.sequence_cap(self.options)
         self.normalize = bool(self.options.get("normalize", True))
         dtype = self.options.get("dtype", "float32")
         if dtype == "float16" and not self.cuda:

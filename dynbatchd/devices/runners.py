@@ -168,7 +168,7 @@ class Runner:
         runner's batches from, or None: nothing to plan from. By default ``options.path`` and
         ``options.max_tokens``: a third-party runner with those options is planned as a built-in is."""
         path = options.get("path")
-        return (str(path), options.get("max_tokens")) if path else None
+        return (str(path), cls.sequence_cap(options)) if path else None
 
     @classmethod
     def sequence_cap(cls, options: dict[str, Any]) -> int | None:
