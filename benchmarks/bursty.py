@@ -4,6 +4,7 @@
     python -m benchmarks.bursty --speedups 60
     python -m benchmarks.bursty --live          # also x40 and x60 through the live daemon; about 3 min
     python -m benchmarks.bursty --perturb       # also each speed-up with its clock scaled by 1 +- k/10,000
+    python -m benchmarks.bursty --bursts        # also, burst by burst, where requests and long ones are lost
     python -m benchmarks.bursty --trace AzureLLMInferenceTrace_code.csv --long-shares 0,0.5,0.9,1
                                                 # another trace; what long_share trades
     python -m benchmarks.bursty --trace conversation_trace.jsonl --speedups 4,8,12
@@ -64,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--live-speedups", default="40,60", help="speed-ups for --live (default 40,60)")
     ap.add_argument("--perturb", action="store_true",
                     help="also replay each speed-up with the trace's clock scaled by 1 +- k/10,000 (about 4 min)")
+    ap.add_argument("--bursts", action="store_true",
+                    help="also each burst of misses: requests and longest-tenth requests on time, against the yardsticks")
     ap.add_argument("--long-shares", default="",
                     help="also the fixed 10 ms setup at each channel long_share given, comma-separated")
     args = start_replay(ap, argv)
@@ -100,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.long_shares:
         long_share_trade(rows, speedups, [float(s) for s in args.long_shares.split(",")], plugins)
     compare_shipped(rows, speedups, plugins)
+    if args.bursts:
+        by_burst(rows, speedups, plugins)
     if args.perturb:
         perturbed(rows, speedups, plugins)
     if args.live:
@@ -173,6 +178,42 @@ def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugin
             one = simulate(alone, [Arrival(a.at_ns, a.tokens, channel="standard") for a in arrivals], **run)
             a, b = one.total().on_time_fraction, three.total().on_time_fraction
             print(f"| x{speedup:g} | none | {a:.2%} | {b:.2%} | {100 * (b - a):+.2f} | {rt} | {to_bulk} |")
+
+
+BURST_GAP_S = 3.0   # misses further apart than this (trace time, sped up) are in different bursts
+
+
+def by_burst(rows: list[tuple[float, int]], speedups: list[float], plugins: Plugins) -> None:
+    """Where the fixed 10 ms setup's requests and longest-tenth requests are won and lost against
+    the planner and FIFO-drop: burst by burst, a burst being a run of requests any of the three
+    missed, from 2 s before its first miss to 1 s after its last (the rest all three serve)."""
+    print("\nBurst by burst (dynbatchd, fixed 10 ms, beside the planner and FIFO-drop): on time, all and longest 10%")
+    print("| speed-up | from (s) | for (s) | requests | dynbatchd less the planner | longest 10% | "
+          "dynbatchd | the planner | FIFO-drop |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for speedup in speedups:
+        arrivals = sped_up(rows, speedup)
+        longest = set(longest_tenth(arrivals))
+        ours = simulate({"c": setups()["fixed 10 ms"]}, arrivals, device=DEVICE,
+                        window_policies=plugins.window_policies())
+        served = [[ours.on_time(i) for i in range(len(arrivals))],
+                  edf_plan_drop_largest(arrivals, DEVICE, DEADLINE_MS).on_time,
+                  fifo_drop_hopeless(arrivals, DEVICE, DEADLINE_MS).on_time]
+        missed = sorted((i for i in range(len(arrivals)) if not all(s[i] for s in served)),
+                        key=lambda i: arrivals[i].at_ns)
+        bursts: list[list[int]] = []
+        for i in missed:
+            if not bursts or arrivals[i].at_ns - arrivals[bursts[-1][-1]].at_ns > BURST_GAP_S * 1e9:
+                bursts.append([])
+            bursts[-1].append(i)
+        for burst in bursts:
+            lo, hi = arrivals[burst[0]].at_ns - 2e9, arrivals[burst[-1]].at_ns + 1e9
+            inside = [i for i, a in enumerate(arrivals) if lo <= a.at_ns <= hi]
+            long = [i for i in inside if i in longest]
+            won = [sum(s[i] for i in inside) for s in served]
+            won_long = [sum(s[i] for i in long) for s in served]
+            print(f"| x{speedup:g} | {lo / 1e9:.1f} | {(hi - lo) / 1e9:.1f} | {len(inside)} | {won[0] - won[1]:+d} | "
+                  f"{len(long)} | {won_long[0]} | {won_long[1]} | {won_long[2]} |", flush=True)
 
 
 PERTURB_SCALES = (1.0, 0.9999, 1.0001, 0.9998, 1.0002, 0.9997, 1.0003, 0.99995)
