@@ -254,14 +254,25 @@ def _encode_extra(obj: Any) -> Any:
 encoder = msgspec.msgpack.Encoder(enc_hook=_encode_extra)
 
 
+# What numpy can hold, whatever the frame says: a shape of 65 dimensions, or a zero-size one with a
+# dimension of 2**63 (0 elements match an empty frame), passed the byte count and then killed the
+# worker that reshaped it (numpy 1.x holds 32 dimensions, 2.x 64; each in an intp).
+MAX_TENSOR_DIMS = 32
+MAX_DIMENSION = 2**31 - 1
+
+
 def check_tensor(ref: TensorRef, frame_lengths: list[int]) -> str | None:
     """Return why `ref` does not describe one of the frames, or None if it does."""
     if ref.dtype not in DTYPES:
         return f"unsupported dtype {ref.dtype!r}"
     if not 0 <= ref.frame < len(frame_lengths):
         return f"tensor frame {ref.frame} is missing"
+    if len(ref.shape) > MAX_TENSOR_DIMS:
+        return f"tensor shape has {len(ref.shape)} dimensions (at most {MAX_TENSOR_DIMS})"
     if any(d < 0 for d in ref.shape):
         return "negative dimension in tensor shape"
+    if any(d > MAX_DIMENSION for d in ref.shape):
+        return f"tensor dimension over {MAX_DIMENSION}"
     count = 1
     for d in ref.shape:
         count *= d

@@ -25,6 +25,18 @@ class OutOfMemory(DynbatchdError):
     """The batch did not fit in device memory (runners raise it; the batch is then split)."""
 
 
+class Undecodable:
+    """An input the worker could not rebuild from its frames (`worker.decode_inputs`): refused alone."""
+
+    def __init__(self, problem: str):
+        self.problem = problem
+
+
+def input_problem(runner: Any, item: Any) -> str | None:
+    """Why `item` is refused before it runs (its runner's `check`, or that it could not be decoded)."""
+    return item.problem if isinstance(item, Undecodable) else runner.check(item)
+
+
 class Execution:
     """The outcome of one batch: per-item outputs or errors, and whether memory ran out."""
 
@@ -49,7 +61,7 @@ def execute(runner: Any, inputs: list[Any], tokens: list[int], model: str,
     it (a pipeline stage raised), so go straight to its halves."""
     result = Execution(len(inputs))
     for i, item in enumerate(inputs):
-        problem = runner.check(item)
+        problem = input_problem(runner, item)
         if problem:
             result.errors[i] = result.rejected[i] = problem
     good = [i for i in range(len(inputs)) if i not in result.errors]

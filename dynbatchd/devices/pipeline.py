@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dynbatchd.devices.execution import Execution, completed, execute
+from dynbatchd.devices.execution import Execution, completed, execute, input_problem
 
 log = logging.getLogger("dynbatchd.worker")
 
@@ -87,7 +87,7 @@ class Pipeline:
         batch = _Batch(batch_id, runner, model, inputs, tokens)
         start = time.perf_counter_ns()
         try:
-            if any(runner.check(item) for item in inputs):
+            if any(input_problem(runner, item) for item in inputs):
                 batch.fallback = True    # `execute` answers the refused ones alone
             else:
                 prepare = getattr(runner, "prepare", None)

@@ -24,7 +24,7 @@ import numpy as np
 import zmq
 
 from dynbatchd import protocol as P
-from dynbatchd.devices.execution import Execution, execute  # noqa: F401 (execute: imported from here by tests)
+from dynbatchd.devices.execution import Execution, Undecodable, execute  # noqa: F401 (execute: imported from here by tests)
 from dynbatchd.devices.pipeline import Finished, Pipeline
 from dynbatchd.devices.runners import Runner
 from dynbatchd.memory import batch_peak_bytes
@@ -77,13 +77,20 @@ def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: boo
 
 
 def decode_inputs(msg: P.BatchMsg, frames: list[bytes]) -> tuple[list[Any], list[int]]:
+    """The batch's inputs as its runner takes them. A tensor that cannot be rebuilt becomes an
+    `Undecodable`, answered bad_request alone (`execution.input_problem`): the front door checks
+    every shape (`protocol.check_tensor`), but a decode that raised here once ended the worker,
+    and with it every batch on the device."""
     inputs, tokens = [], []
     for item in msg.items:
         if item.text is not None:
             inputs.append(item.text)
         elif item.tensor is not None:
             ref = item.tensor
-            inputs.append(np.frombuffer(frames[ref.frame], dtype=ref.dtype).reshape(ref.shape))
+            try:
+                inputs.append(np.frombuffer(frames[ref.frame], dtype=ref.dtype).reshape(ref.shape))
+            except (ValueError, TypeError, IndexError, OverflowError) as exc:
+                inputs.append(Undecodable(f"tensor could not be decoded ({type(exc).__name__})"))
         else:
             inputs.append(item.value)
         tokens.append(item.tokens)

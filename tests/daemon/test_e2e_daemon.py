@@ -65,6 +65,11 @@ def test_routing_sends_urgent_to_realtime(sim_daemon):
     ([msgspec.msgpack.encode({"id": 8, "model": "sim", "text": "a", "deadline_ms": float("inf")})], P.BAD_REQUEST),
     ([msgspec.msgpack.encode({"id": 9, "model": "sim", "tokens": -3,
                               "tensor": {"dtype": "uint8", "shape": [1], "frame": 0}}), b"\x01"], P.BAD_REQUEST),
+    # Shapes numpy cannot hold though the byte count matches (they killed the worker that reshaped them):
+    ([msgspec.msgpack.encode({"id": 10, "model": "echo", "tensor": {"dtype": "uint8", "shape": [0, 2**63]}}),
+      b""], P.BAD_REQUEST),
+    ([msgspec.msgpack.encode({"id": 11, "model": "echo", "tensor": {"dtype": "uint8", "shape": [1] * 65}}),
+      b"\x01"], P.BAD_REQUEST),
 ])
 def test_bad_input_gets_an_error_reply_and_the_daemon_keeps_serving(sim_daemon, frames, code):
     reply = raw_exchange(sim_daemon.endpoint, frames)

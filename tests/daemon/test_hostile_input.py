@@ -31,6 +31,15 @@ def test_nesting_is_bounded_and_every_failure_is_a_malformed_message(depth, answ
         assert P.guess_id(header) == 1   # the client can still match its error
 
 
+@pytest.mark.parametrize("shape, frame, why", [
+    ([0, 2**63], b"", "dimension over"),                         # zero elements match an empty frame
+    ([1] * (P.MAX_TENSOR_DIMS + 1), b"\x01", "dimensions (at most"),
+])
+def test_a_shape_numpy_cannot_hold_is_refused_at_the_door_though_its_bytes_match(shape, frame, why):
+    assert why in P.check_tensor(P.TensorRef("uint8", shape), [len(frame)])
+    assert P.check_tensor(P.TensorRef("uint8", [1] * P.MAX_TENSOR_DIMS), [1]) is None
+
+
 def test_guess_id_never_raises_on_garbage():
     for raw in (b"", b"\x83", b"\x83\xa2id", b"\x83\xa2id\xcd\x01", b"\xdf\xff", b"\x91" * 5000, b"\xa2id"):
         assert P.guess_id(raw) is None

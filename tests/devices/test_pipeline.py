@@ -170,6 +170,19 @@ def test_an_input_the_runner_refuses_is_rejected_alone_as_execute_does():
     assert answers(run) == [1, None, 3]
 
 
+def test_a_tensor_the_worker_cannot_rebuild_is_rejected_alone_and_its_batch_answered():
+    from dynbatchd import protocol as P
+    from dynbatchd.devices.worker import decode_inputs
+
+    # A shape numpy cannot hold (the front door refuses it too: this is the worker's own guard).
+    msg = P.BatchMsg(1, "m", [P.BatchItem(text="a"), P.BatchItem(tensor=P.TensorRef("uint8", [0, 2**63])),
+                              P.BatchItem(text="ccc")])
+    inputs, _ = decode_inputs(msg, [b""])
+    run = run_all(Picky("cpu", {}), [inputs])[0].run
+    assert list(run.rejected) == [1] and "tensor could not be decoded" in run.rejected[1]
+    assert answers(run) == [1, None, 3]
+
+
 def test_an_out_of_memory_in_forward_is_reported_and_the_halves_answered_as_execute_does():
     options = {"base_ms": 0.0, "per_item_ms": 0.0, "memory_items": 2}
     inputs = ["a", "bb", "ccc", "dddd"]
