@@ -23,12 +23,15 @@ A daemon-side adapter (it tells the engine), so it sits beside the daemon, not i
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Callable
 
 from dynbatchd.devices.pool import DevicePool
 from dynbatchd.engine import Engine
 from dynbatchd.memory import batch_memory_fraction
 from dynbatchd.telemetry import NvmlProbe
+
+log = logging.getLogger("dynbatchd.observer")
 
 # device name -> its latest NVML reading. One daemon per process: the devices it observes.
 _latest: dict[str, NvmlProbe.Reading] = {}
@@ -64,22 +67,33 @@ def sample_devices(engine: Engine, probe: NvmlProbe, last: list[tuple[int, int]]
                    memory_used=max(mems) if mems else 0.0)
 
 
+def _beat(engine: Engine, pool: DevicePool, probe: NvmlProbe, last: list, now: int, hung_after_s: float,
+          after: Callable[[], None]) -> None:
+    """One beat: replace the hung workers first (so nothing after them can keep them), then sample."""
+    if hung_after_s > 0:
+        for index, feeder, limit_ns in engine.overdue(now, int(hung_after_s * 1e9)):
+            worker = index * engine.feeders + feeder   # (the pool's numbering)
+            pool.kill(worker, f"has held a batch for more than {limit_ns / 1e9:g} s")
+    sample_devices(engine, probe, last, now)
+    after()
+
+
 async def observe_devices(engine: Engine, pool: DevicePool, clock: Callable[[], int], after: Callable[[], None],
                           hung_after_s: float, every_s: float = 1.0, probe: NvmlProbe | None = None) -> None:
     """Forever: every `every_s`, replace workers stuck on a batch for `hung_after_s`, tell the
     engine (utilisation, memory), then `after()`."""
     probe = probe if probe is not None else NvmlProbe()
     last = [(d.busy_ns, clock()) for d in engine.device_usage()]
+    failed: set[str] = set()   # kinds of failure already logged (each once: the beat comes every second)
     try:
         while True:
             await asyncio.sleep(every_s)
-            now = clock()
-            if hung_after_s > 0:
-                for index, feeder, limit_ns in engine.overdue(now, int(hung_after_s * 1e9)):
-                    worker = index * engine.feeders + feeder   # (the pool's numbering)
-                    pool.kill(worker, f"has held a batch for more than {limit_ns / 1e9:g} s")
-            sample_devices(engine, probe, last, now)
-            after()
+            try:
+                _beat(engine, pool, probe, last, clock(), hung_after_s, after)
+            except Exception as exc:   # a beat that raises must not end the watchdog: the next one still kills
+                if type(exc).__name__ not in failed:
+                    failed.add(type(exc).__name__)
+                    log.error("device observer: a beat failed (%s: %s); it carries on", type(exc).__name__, exc)
     finally:
         for device in engine.device_usage():   # stopped: no reading is current any more
             _latest.pop(device.name, None)

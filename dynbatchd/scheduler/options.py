@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from dynbatchd.errors import OptionError
@@ -23,6 +24,8 @@ class Options:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise OptionError(f"{self.where}.{key}", f"expected a number, got {value!r}")
         value = float(value)
+        if not math.isfinite(value):   # (an adaptive sizer's grow = inf raised in the device observer, killing the watchdog)
+            raise OptionError(f"{self.where}.{key}", f"must be a finite number, got {value!r}")
         if lo is not None and (value < lo or (lo_open and value == lo)):
             raise OptionError(f"{self.where}.{key}", f"must be {'>' if lo_open else '>='} {lo:g}, got {value:g}")
         if hi is not None and value > hi:

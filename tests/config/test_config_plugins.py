@@ -78,6 +78,12 @@ def test_unknown_keys_are_errors(tmp_path, extra, key, rule):
     (BASE + "[channels.standard.window]\npolicy = 'psychic'\n", "channels.standard.window.policy", "unknown window policy"),
     (BASE + "[channels.standard.window]\npolicy = 'ewma'\noptions = { alpha = 2.0 }\n",
      "channels.standard.window.options.alpha", "must be <= 1"),
+    # Not finite: nan passed every bound, and an adaptive sizer's grow = inf raised in the device
+    # observer, which then stopped killing hung workers.
+    (BASE + "[channels.standard.window]\npolicy = 'ewma'\noptions = { alpha = nan }\n",
+     "channels.standard.window.options.alpha", "must be a finite number"),
+    (BASE + "[channels.standard.batch_size]\npolicy = 'adaptive'\noptions = { grow = inf }\n",
+     "channels.standard.batch_size.options.grow", "must be a finite number"),
 ])
 def test_errors_name_the_key_and_the_rule(tmp_path, text, key, rule):
     err = load_error(tmp_path, text)
