@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 from dynbatchd import __version__
 
 log = logging.getLogger(__name__)
+HEAD_TIMEOUT_S = 5.0   # for a scrape's whole head: a client sending a header a second cannot hold a connection
 
 # (status key, metric, help): per channel, from `status["channels"][name]`.
 _CHANNEL_COUNTERS = (
@@ -340,22 +341,13 @@ async def serve(listen: str, page: Callable[[], str]) -> asyncio.AbstractServer:
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            request_line = await asyncio.wait_for(reader.readline(), 5)
-            while (await asyncio.wait_for(reader.readline(), 5)) not in (b"\r\n", b"\n", b""):
-                pass
-            parts = request_line.decode("latin-1").split()
-            if len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics":
-                try:
-                    body, head = page().encode(), "200 OK"
-                except Exception:   # a scrape must get an answer, and the daemon must not lose its loop
-                    log.exception("could not render the metrics page")
-                    body, head = b"could not render the metrics page: see the daemon's log\n", \
-                        "500 Internal Server Error"
-            else:
-                body, head = b"not found: try /metrics\n", "404 Not Found"
-            writer.write(f"HTTP/1.1 {head}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-            await writer.drain()
+            try:
+                request_line = await _read_head(reader)
+            except ValueError:   # a line past the reader's limit: answered, never an unhandled error
+                await _answer(writer, "431 Request Header Fields Too Large", b"request line or header too large\n")
+                await _discard(reader, writer)
+                return
+            await _answer(writer, *_page_or_404(request_line, page))
         except (asyncio.TimeoutError, ConnectionError):
             pass
         finally:
@@ -364,3 +356,42 @@ async def serve(listen: str, page: Callable[[], str]) -> asyncio.AbstractServer:
     server = await asyncio.start_server(handle, host or "127.0.0.1", int(port))
     log.info("Prometheus metrics on http://%s/metrics", listen)
     return server
+
+
+async def _read_head(reader: asyncio.StreamReader) -> bytes:
+    """The request line, its headers read and dropped. ValueError: a line past the reader's limit
+    (64 KiB; asyncio raises it from readline), which a scraper never sends."""
+    async with asyncio.timeout(HEAD_TIMEOUT_S):
+        request_line = await reader.readline()
+        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
+            pass
+    return request_line
+
+
+def _page_or_404(request_line: bytes, page: Callable[[], str]) -> tuple[str, bytes]:
+    """(status line, body): the page for GET /metrics, else 404."""
+    parts = request_line.decode("latin-1").split()
+    if not (len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics"):
+        return "404 Not Found", b"not found: try /metrics\n"
+    try:
+        return "200 OK", page().encode()
+    except Exception:   # a scrape must get an answer, and the daemon must not lose its loop
+        log.exception("could not render the metrics page")
+        return "500 Internal Server Error", b"could not render the metrics page: see the daemon's log\n"
+
+
+async def _answer(writer: asyncio.StreamWriter, head: str, body: bytes) -> None:
+    writer.write(f"HTTP/1.1 {head}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
+                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    await writer.drain()
+
+
+async def _discard(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, budget: int = 1 << 20) -> None:
+    """After answering a head it did not read to its end: drop what the client still sends (up to
+    `budget` bytes and HEAD_TIMEOUT_S), so closing with unread data does not reset the connection
+    and lose the answer before the client reads it."""
+    if writer.can_write_eof():
+        writer.write_eof()
+    async with asyncio.timeout(HEAD_TIMEOUT_S):
+        while budget > 0 and (data := await reader.read(65536)):
+            budget -= len(data)

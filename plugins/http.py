@@ -60,6 +60,7 @@ from .httpwire import (FROM_V2, OPEN_HANDLERS, READ_SIZE, RETRY_LATER, ROUTES, S
                        reason, request_id, request_meta, text_headers)
 
 log = logging.getLogger(__name__)
+UNCOUNTED = ("live", "ready", "v2_model", "v2_model_ready")   # handlers that run no model: no max_requests slot
 
 
 class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
@@ -159,18 +160,8 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
             headers[":request-id"] = rid = request_id(headers)
             if self.keys is not None and handler.__name__ not in OPEN_HANDLERS:
                 self._authenticate(headers)
-            if self._in_progress >= self.settings.max_requests:
-                raise HttpError(P.OVERLOADED, f"the HTTP door has max_requests ({self.settings.max_requests}) "
-                                              "in progress")
-            self._in_progress += 1
-            try:
-                body = await self._body(conn, reader, writer, headers, peer)
-                if handler.__name__ in GENERATIVE:   # long: a client that hangs up withdraws it
-                    status, answer = await self._unless_gone(handler(name, headers, body), conn, reader)
-                else:
-                    status, answer = await handler(name, headers, body)
-            finally:
-                self._in_progress -= 1
+            body = await self._body(conn, reader, writer, headers, peer)
+            status, answer = await self._run(handler, name, headers, body, conn, reader)
             if isinstance(answer, EventStream):
                 return status, answer, [("x-request-id", rid)]
             try:
@@ -192,6 +183,24 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
             status, body, extra = self._error(HttpError(P.MODEL_ERROR, "internal error in the daemon; see its log",
                                                         500), v2)
             return status, body, [*extra, ("x-request-id", rid)]
+
+    async def _run(self, handler: Any, name: str | None, headers: dict[str, str], body: bytes,
+                   conn: h11.Connection, reader: asyncio.StreamReader) -> tuple[int, Any]:
+        """Run a handler whose body has been read. An inference takes one of max_requests slots only
+        now: a client trickling its body in holds a connection (max_connections, body_timeout_s), not
+        a slot, so slow bodies cannot fill the door. Probes and metadata (UNCOUNTED) take none: they
+        cost nothing, and an orchestrator that sees /readyz refused restarts a daemon that serves."""
+        if handler.__name__ in UNCOUNTED:
+            return await handler(name, headers, body)
+        if self._in_progress >= self.settings.max_requests:
+            raise HttpError(P.OVERLOADED, f"the HTTP door has max_requests ({self.settings.max_requests}) in progress")
+        self._in_progress += 1
+        try:
+            if handler.__name__ in GENERATIVE:   # long: a client that hangs up withdraws it
+                return await self._unless_gone(handler(name, headers, body), conn, reader)
+            return await handler(name, headers, body)
+        finally:
+            self._in_progress -= 1
 
     async def _head(self, conn: h11.Connection, reader: asyncio.StreamReader, peer: str) -> h11.Request | None:
         """The next request's head, within header_timeout_s and the size and line limits."""

@@ -11,14 +11,21 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import Any, Iterator
 
 import msgspec
 import numpy as np
 
 from dynbatchd import protocol as P
+from dynbatchd.config import MAX_MS
 
 from .httpwire import FROM_V2, SUBMIT_CHUNK, V2_TYPES, HttpError, bad_output, body_tags, output_array, request_meta
+
+# What a numeric v2 datatype's values must be in JSON, by numpy kind: (their Python types, in words)
+V2_VALUES = {"b": ((bool,), "true or false"),
+             "i": ((int,), "integers (not strings, bools or fractions)"),
+             "u": ((int,), "integers (not strings, bools or fractions)"),
+             "f": ((int, float), "numbers (not strings or bools)")}
 
 
 class HttpEndpoints:
@@ -116,13 +123,26 @@ class HttpEndpoints:
             raise HttpError(P.BAD_REQUEST, "\"id\" must be a string")
         items = self._v2_requests(body.get("inputs"))
         meta = request_meta(headers)
-        params = body.get("parameters") or {}
-        if isinstance(params, dict) and isinstance(params.get("deadline_ms"), (int, float)):
-            meta.setdefault("deadline_ms", float(params["deadline_ms"]))
-        if isinstance(params, dict):
-            body_tags(params.get("tags"), meta)
+        params = body.get("parameters", {})
+        if not isinstance(params, dict):
+            raise HttpError(P.BAD_REQUEST, "\"parameters\" must be an object")
+        if params.get("deadline_ms") is not None:   # (null: none, as over ZeroMQ); checked where X-Deadline-Ms wins too
+            meta.setdefault("deadline_ms", self._v2_deadline(params["deadline_ms"]))
+        body_tags(params.get("tags"), meta)
         outputs = await self._infer_all(name, items, meta)
         return 200, {"model_name": name, "id": body.get("id", ""), "outputs": [self._v2_output(name, outputs)]}
+
+    @staticmethod
+    def _v2_deadline(value: Any) -> float:
+        """``parameters.deadline_ms`` held to the ZeroMQ door's rule (`dynbatchd.transport.validate`: > 0,
+        at most MAX_MS), but checked here so the answer names the body's key, and before float(): JSON
+        carries what msgpack cannot, ``true`` (Python's 1) and integers too large for a float."""
+        rule = f"parameters.deadline_ms must be a number > 0 and <= {MAX_MS:.0f} (one day)"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise HttpError(P.BAD_REQUEST, f"{rule}, not {type(value).__name__}")
+        if not 0 < value <= MAX_MS:   # (compares a huge int exactly: no float() to overflow)
+            raise HttpError(P.BAD_REQUEST, rule)
+        return float(value)
 
     @staticmethod
     def _v2_output(model: str, outputs: list[Any]) -> dict[str, Any]:
@@ -169,11 +189,33 @@ class HttpEndpoints:
             return list(data)
         if datatype not in FROM_V2:
             raise HttpError(P.BAD_REQUEST, f"datatype {str(datatype)[:16]!r} is not supported")
+        return [row.tolist() for row in self._v2_array(tensor, datatype, shape, data)]
+
+    @staticmethod
+    def _v2_array(tensor: dict[str, Any], datatype: str, shape: list[int], data: list[Any]) -> np.ndarray:
+        """A numeric v2 tensor as the array its datatype declares. numpy would take a string ("1e400"),
+        a bool as 1, a float as an integer (truncated) and a value its type cannot hold (FP16 beyond
+        65504) as infinity: the model would then get what the client never meant, and be blamed
+        (502). Each is the client's fault: 400, naming the input and the rule."""
+        where = f"input {str(tensor.get('name', ''))[:64]!r}"
+        dtype = np.dtype(FROM_V2[datatype])
+        kinds, what = V2_VALUES[dtype.kind]
+        if not all(type(x) in kinds for x in _leaves(data)):
+            raise HttpError(P.BAD_REQUEST, f"{where}: {datatype} data must be {what}")
         try:
-            array = np.asarray(data, dtype=FROM_V2[datatype]).reshape(shape)
+            with np.errstate(over="ignore", invalid="ignore"):   # overflow is checked below, not warned
+                array = np.asarray(data, dtype=dtype)
+        except OverflowError:
+            raise HttpError(P.BAD_REQUEST, f"{where}: a value is out of the range of {datatype}")
+        except (ValueError, TypeError):
+            raise HttpError(P.BAD_REQUEST, f"{where}: data does not fit shape {shape} of {datatype}")
+        if dtype.kind == "f" and not np.isfinite(array).all():
+            raise HttpError(P.BAD_REQUEST, f"{where}: a value is out of the range of {datatype} "
+                                           "(finite numbers only)")
+        try:
+            return array.reshape(shape)
         except (ValueError, TypeError, OverflowError):
-            raise HttpError(P.BAD_REQUEST, f"data does not fit shape {shape} of {datatype}")
-        return [row.tolist() for row in array]
+            raise HttpError(P.BAD_REQUEST, f"{where}: data does not fit shape {shape} of {datatype}")
 
     # -- metadata and probes ---------------------------------------------------
     async def v2_model(self, name: str, headers: dict[str, str], raw: bytes) -> tuple[int, Any]:
@@ -201,3 +243,14 @@ class HttpEndpoints:
     async def ready(self, *_: Any) -> tuple[int, Any]:
         ready = self.api.state == "serving"
         return (200 if ready else 503), {"ready": ready, "state": self.api.state}
+
+
+def _leaves(data: list[Any]) -> Iterator[Any]:
+    """The values of nested JSON lists, without recursion (the nesting is the client's)."""
+    stack = [data]
+    while stack:
+        for x in stack.pop():
+            if type(x) is list:
+                stack.append(x)
+            else:
+                yield x
