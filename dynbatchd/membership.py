@@ -12,6 +12,13 @@ model added is refused unknown_model until a worker has loaded it (`loading_mode
 is refused at once, stays loaded until nothing of it is queued or running (`unloading_models`),
 then leaves the workers. Models load by a message to the running workers (`DevicePool.set_models`),
 so no process and no batch in flight is touched; a pool without that (Ray) needs a restart.
+
+A model that no worker could load leaves `loading_models` for `failed_models`, with the reason,
+shown by status and logged once; it is refused unknown_model saying so. It has failed once every
+serving worker answered the current model set (its latest Setup: `Worker.unanswered` is 0; a Ready
+to an earlier one says nothing of this one) without it; the Ready's `failed` says why. It is then
+no longer asked of the workers (one restarting would fail at its start on it); the next reload
+that changes the models tries it again.
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ class Membership:
         self.daemon = daemon
         self.loading_models: set[str] = set()     # added by a reload, not loaded on any worker yet
         self.unloading_models: set[str] = set()   # removed by a reload, still holding accepted requests
+        self.failed_models: dict[str, str] = {}   # added by a reload, loaded by no worker: the reason
+        self._lacking: dict[str, set[int]] = {}   # model loading -> workers that said Ready without it
         self.model_specs = model_specs(config)    # what the workers hold, by model
 
     def models_need_restart(self, old: Config, new: Config) -> bool:
@@ -63,7 +72,9 @@ class Membership:
         """Ask the workers to load the models added (refused unknown_model until one has) and keep
         the removed ones loaded until their accepted requests are answered (`unload_drained_models`)."""
         d = self.daemon
-        self.loading_models = (self.loading_models | (set(new.models) - set(old.models))) & set(new.models)
+        retried = set(self.failed_models)   # the workers are sent the whole set again: they try these anew
+        self.loading_models = (self.loading_models | retried | (set(new.models) - set(old.models))) & set(new.models)
+        self.failed_models, self._lacking = {}, {}
         self.unloading_models = (self.unloading_models | (set(old.models) - set(new.models))) - set(new.models)
         self.model_specs = {**self.model_specs, **model_specs(new)}
         answers = getattr(d, "tenant_answers", None)   # /metrics labels a model it knows by name
@@ -71,16 +82,57 @@ class Membership:
             answers.models |= set(new.models)
         d.engine.set_device_limits(device_limits(new, d.devices, d.plugins.runners(), NvmlProbe()))   # per device again
         if d.pool is not None:
-            d.pool.set_models([self.model_specs[n] for n in [*new.models, *sorted(self.unloading_models)]])
+            d.pool.set_models(self._held(new))
             self.models_loaded()
 
-    def models_loaded(self) -> None:
-        """The added models some worker has loaded now serve (one log line each)."""
+    def _held(self, config: Config) -> list[P.ModelSpec]:
+        """What the workers are asked to hold: `config`'s models but those that failed to load (a
+        worker that restarts would fail on them at its start), and those still unloading."""
+        names = [n for n in config.models if n not in self.failed_models]
+        return [self.model_specs[n] for n in [*names, *sorted(self.unloading_models)]]
+
+    def models_loaded(self, worker: int | None = None) -> None:
+        """The added models some worker has loaded now serve (one log line each); `worker`: the one
+        that just said Ready, whose Ready without a model counts towards that model's failure."""
         pool = self.daemon.pool
         loaded = {m for m in self.loading_models if pool is None or pool.loaded(m)}
         for model in sorted(loaded):
             log.info("model %s loaded: serving it", model)
         self.loading_models = self.loading_models - loaded
+        if worker is not None and self.loading_models and pool is not None:
+            self._note_lacking(pool, worker)
+
+    def _note_lacking(self, pool: Any, index: int) -> None:
+        """Worker `index` said Ready without some models loading: once every serving worker has, those
+        models failed. A Ready to an older model set (the pool sends the current one next) says nothing."""
+        workers = getattr(pool, "workers", None)
+        if not workers or tuple(workers[index].asked) != tuple(m.name for m in pool.models) \
+                or getattr(workers[index], "unanswered", 0):   # (a Setup after the one it answered is on its way)
+            return
+        for model in self.loading_models - set(workers[index].models):
+            self._lacking.setdefault(model, set()).add(index)
+        serving = {w.index for w in workers if w.state == "ready"}
+        failed = sorted(m for m in self.loading_models if serving and serving <= self._lacking.get(m, set()))
+        for model in failed:
+            reasons = sorted({w.load_failures[model] for w in workers if model in getattr(w, "load_failures", {})})
+            self._failed(model, len(serving), "; ".join(reasons))
+        if failed:   # no longer asked of the workers: a worker that restarts would fail on them
+            pool.set_models(self._held(self.daemon.config))
+
+    def _failed(self, model: str, workers: int, error: str = "") -> None:
+        reason = (f"no worker could load it ({workers} said ready without it): {error}" if error else
+                  f"no worker could load it ({workers} said ready without it); the worker's log gives the error")
+        log.error("model %s failed to load after the reload: %s", model, reason)
+        self.loading_models = self.loading_models - {model}
+        self._lacking.pop(model, None)
+        self.failed_models[model] = reason
+
+    def unready(self, model: str) -> str | None:
+        """Why the intake refuses `model` though the config names it (loading, or failed), or None."""
+        if model in self.loading_models:
+            return f"model {model!r} is still loading"
+        reason = self.failed_models.get(model)
+        return None if reason is None else f"model {model!r} failed to load: {reason}"
 
     def unload_drained_models(self) -> None:
         """Removed models with nothing of them queued or running any more leave the workers."""
@@ -91,5 +143,5 @@ class Membership:
         self.unloading_models = self.unloading_models - drained
         self.model_specs = {n: spec for n, spec in self.model_specs.items() if n not in drained}
         if d.pool is not None:
-            d.pool.set_models([self.model_specs[n] for n in [*d.config.models, *sorted(self.unloading_models)]])
+            d.pool.set_models(self._held(d.config))
         log.info("model %s unloaded: every request accepted for it was answered", ", ".join(sorted(drained)))

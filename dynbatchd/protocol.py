@@ -187,6 +187,7 @@ class Ready(msgspec.Struct, array_like=True, gc=False, tag="ready"):
     device: str
     models: list[str]
     simulated: list[str] = []
+    failed: dict[str, str] = {}   # models of a reload's Setup it could not load: "ErrorType: message"
 
 
 class Failed(msgspec.Struct, array_like=True, gc=False, tag="failed"):

@@ -82,7 +82,7 @@ class Daemon:
             quota=lambda tenant, pending: self.quotas.admit(self.config.quotas, tenant, pending),
             quota_on=lambda config: quotas_on(config.quotas),   # (no quota call a request while none is set)
             observe_user=self.top_users.observe if self.top_users is not None else None,
-            loading=lambda model: model in self.membership.loading_models)   # `curve` once the front end is bound
+            loading=lambda model: self.membership.unready(model))   # `curve` once the front end is bound
         self.devices = device_names(config.devices)
         self.membership = Membership(self, config)   # the models the workers hold (a reload adds and removes)
         channels = build_channels(config.channels, plugins.window_policies(), plugins.batch_sizers())
@@ -366,7 +366,7 @@ class Daemon:
         device, feeder = divmod(worker, self.engine.feeders)
         self.engine.device_up(device, feeder)
         if self.membership.loading_models:   # a worker said Ready after a reload's new model set
-            self.membership.models_loaded()
+            self.membership.models_loaded(worker)
         if self._give_up_timer is not None:
             self._give_up_timer.cancel()
             self._give_up_timer = None

@@ -23,6 +23,12 @@ users = 0`` turns it off.
   seconds, from the injected `clock`). A text not asked for ``retain_days`` is
   dropped, and so is a user not seen for that long, count and all: on observe
   (a sweep at most every `SWEEP_S`), on save and on load.
+- Bytes: a text over `MAX_TEXT_BYTES` (16 KiB of UTF-8) is counted but not kept, and the texts
+  kept hold at most `TEXT_BUDGET` bytes (64 MiB) in all, in memory and so in the file: past it,
+  the least asked texts (the oldest first among equals) are dropped until a quarter of the budget
+  is free again. Both are constructor arguments; a file saved under larger bounds is cut to these
+  at load. A warmup input is a request's text, which is rarely long; without a bound, a thousand
+  users sending 1 MiB each would hold a gigabyte for a cache that warms short inputs.
 - Users are kept as a keyed hash of their id (`dynbatchd.pseudonyms`), never by
   name: counting needs only a stable id, and `forget` hashes the name it is
   given. The file records which key made them (`key_id`); loaded under another
@@ -49,6 +55,14 @@ FORMAT = 2
 SLACK = 1.25      # prune when this many times the bound are held
 DAY_S = 86_400
 SWEEP_S = 3_600   # observe sweeps expired texts and users at most this often
+MAX_TEXT_BYTES = 16 << 10   # a longer text is counted, not kept
+TEXT_BUDGET = 64 << 20      # bytes of text kept in all
+LOW_WATER = 0.75            # over the budget, texts are dropped until this share of it is held
+
+
+def text_size(text: str) -> int:
+    """`text`'s size in UTF-8 bytes, without encoding it when it is ASCII (the common case)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def plain(user: str) -> str:
@@ -97,14 +111,18 @@ def encodes(record: UserRecord) -> bool:
 
 class TopUsers:
     __slots__ = ("limit", "inputs_per_user", "observed", "floor", "_users", "pseudonym", "retain_s", "clock",
-                 "_next_sweep")
+                 "_next_sweep", "max_text_bytes", "text_budget", "_text_bytes")
 
     def __init__(self, users: int = 50_000, inputs_per_user: int = 4, *,
                  pseudonym: Callable[[str], str] = plain, retain_days: float = 30.0,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, max_text_bytes: int = MAX_TEXT_BYTES,
+                 text_budget: int = TEXT_BUDGET):
         # inputs_per_user 0: no text is kept (the cache is off: warmup could not use it)
         self.limit = users
         self.inputs_per_user = inputs_per_user
+        self.max_text_bytes = max_text_bytes   # a longer text is counted but not kept
+        self.text_budget = text_budget         # bytes of text kept in all (see the module docstring)
+        self._text_bytes = 0   # bytes of text added since the last recount: never under what is held
         self.pseudonym = pseudonym       # user id -> what is kept (a `Pseudonyms` in the daemon)
         self.retain_s = retain_days * DAY_S
         self.clock = clock
@@ -140,14 +158,45 @@ class TopUsers:
         inputs = entry[3]
         asked = (model, text)
         seen = inputs.get(asked)
-        if seen is None:
-            inputs[asked] = [1, now]
-        else:
+        if seen is not None:
             seen[0] += 1
             seen[1] = now
+        elif (size := self._kept_size(text)) is not None:
+            inputs[asked] = [1, now]
+            self._text_bytes += size
+            if self._text_bytes > self.text_budget:
+                self._fit_texts(self.text_budget * LOW_WATER)
         if len(inputs) > 2 * self.inputs_per_user:
             keep = sorted(inputs.items(), key=lambda kv: -kv[1][0])[:self.inputs_per_user]
             entry[3] = dict(keep)
+
+    def _kept_size(self, text: str) -> int | None:
+        """The bytes `text` would hold, or None when it is too long to keep (told by its length
+        first: UTF-8 takes at least a byte a character)."""
+        if len(text) > self.max_text_bytes:
+            return None
+        size = text_size(text)
+        return size if size <= self.max_text_bytes else None
+
+    def _fit_texts(self, keep: float) -> None:
+        """Recount the bytes of text held (texts dropped elsewhere are not subtracted, so the running
+        count only overstates it) and, over `keep`, drop the least asked texts, the oldest first
+        among equals, until under it. Dropping down to a low-water mark makes this sort rare."""
+        held, total = [], 0
+        for entry in self._users.values():
+            inputs = entry[3]
+            for asked, (times, at) in inputs.items():
+                size = text_size(asked[1])
+                held.append((times, at, size, asked, inputs))
+                total += size
+        if total > keep:
+            held.sort(key=lambda h: (h[0], h[1]))
+            for _, _, size, asked, inputs in held:
+                if total <= keep:
+                    break
+                del inputs[asked]
+                total -= size
+        self._text_bytes = total
 
     def expire(self, now: float | None = None) -> int:
         """Drop texts not asked, and users not seen, for `retain_days`; the number of texts dropped."""
@@ -248,7 +297,17 @@ class TopUsers:
                                                        if inputs_per_user else {}]
                          for r in saved.users}
         sketch._settle(users)
+        sketch._cut_to_bounds()
         return sketch
+
+    def _cut_to_bounds(self) -> None:
+        """Drop the texts a loaded file holds beyond this sketch's byte bounds (saved under larger
+        ones, or before there were any)."""
+        for entry in self._users.values():
+            inputs = entry[3]
+            for asked in [asked for asked in inputs if self._kept_size(asked[1]) is None]:
+                del inputs[asked]
+        self._fit_texts(self.text_budget)
 
     def _converted(self, saved: FirstFormat, path: str | os.PathLike) -> "TopUsers":
         """A first-format file: ids hashed, counts kept as seen now, every text dropped (no date)."""

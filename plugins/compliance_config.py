@@ -31,6 +31,17 @@ def compliance_rules(config: Any) -> ComplianceRules:
     return plugin_table(config, ComplianceRules)
 
 
+def tag_key(tag: str) -> str:
+    """A tag as compliance compares it: case and surrounding whitespace ignored, so that a client
+    spelling "Banking" or " banking" cannot take regulated data past the rules."""
+    return tag.strip().casefold()
+
+
+def regulated_keys(config: Any) -> frozenset[str]:
+    """`config`'s regulated tags, each as `tag_key` spells it."""
+    return frozenset(tag_key(tag) for tag in compliance_rules(config).regulated_tags)
+
+
 @hookimpl
 def dynbatchd_config_tables() -> dict[str, type]:
     return {"compliance": ComplianceRules}

@@ -7,19 +7,22 @@ from __future__ import annotations
 import importlib.util
 import ipaddress
 import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from dynbatchd.config.schema import DEVICE_NAME, Config, DeviceSettings
 from dynbatchd.errors import ConfigError
 
 
-def channels_carrying(channels: Mapping[str, Any], tag: str, routes: Iterable[Any] = ()) -> set[str]:
+def channels_carrying(channels: Mapping[str, Any], tag: str, routes: Iterable[Any] = (),
+                      spelt: Callable[[str], str] = str) -> set[str]:
     """The channels that carry `tag` traffic: those whose ``carries`` names it, and those a route
-    with that `tag` sends requests to. `routes`: anything with ``tag`` and ``channel`` attributes,
-    such as the routing plugin's rules (`dynbatchd_plugins.routing_config.routing_rules`), which
-    the core does not read itself. The compliance plugin asks it of its regulated tags."""
-    named = {name for name, channel in channels.items() if tag in channel.carries}
-    return named | {route.channel for route in routes if route.tag == tag}
+    with that `tag` sends requests to, every tag compared as `spelt` spells it (the compliance
+    plugin ignores case and surrounding spaces). `routes`: anything with ``tag`` and ``channel``
+    attributes, such as the routing plugin's rules (`dynbatchd_plugins.routing_config.routing_rules`),
+    which the core does not read itself. The compliance plugin asks it of its regulated tags."""
+    key = spelt(tag)
+    named = {name for name, channel in channels.items() if any(spelt(t) == key for t in channel.carries)}
+    return named | {route.channel for route in routes if route.tag is not None and spelt(route.tag) == key}
 
 
 def _check_ray(src: str, devices: DeviceSettings) -> None:

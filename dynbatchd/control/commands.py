@@ -26,6 +26,27 @@ class CommandError(DynbatchdError):
     pass
 
 
+def _shown(value: Any) -> str:
+    """`value` as an error message quotes it: short, whatever a client sent."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def flag(name: str, value: Any) -> bool:
+    """Argument `name` as true or false: a boolean only, so that a string such as "no" is refused
+    rather than read as true."""
+    if not isinstance(value, bool):
+        raise CommandError(f"{name} is true or false, not {_shown(value)}")
+    return value
+
+
+def count(name: str, value: Any, least: int = 0) -> int:
+    """Argument `name` as a whole number >= `least` (a boolean is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise CommandError(f"{name} is a whole number >= {least}, not {_shown(value)}")
+    return value
+
+
 def ping(daemon) -> dict[str, Any]:
     """`ping` -> {"state": "serving" | "starting" | "draining"}."""
     return {"state": daemon.state}
@@ -94,6 +115,7 @@ def tune(daemon, channel: str, by: str = "local", force: bool = False, dry_run: 
     rollback=true`: one step back (the value before the last change; the config file's when no
     earlier change is left).
     """
+    force, dry_run, rollback = flag("force", force), flag("dry_run", dry_run), flag("rollback", rollback)
     if channel not in daemon.config.channels:
         raise CommandError(f"no channel named {channel!r}")
     if rollback:
@@ -113,8 +135,7 @@ def tune(daemon, channel: str, by: str = "local", force: bool = False, dry_run: 
         cfgmod.with_channel(daemon.config, channel, **changes)   # the value's own rules, at once
     except ConfigError as exc:
         raise CommandError(f"refused: {exc.key}: {exc.rule}") from None
-    return _settled(daemon.operations.tune(channel, changes, by=by, why=str(why), force=bool(force),
-                                           dry_run=bool(dry_run)))
+    return _settled(daemon.operations.tune(channel, changes, by=by, why=str(why), force=force, dry_run=dry_run))
 
 
 CANARY_KEYS = ("max_batch", "window_ms", "window")   # what a canary may try: what the tuning loop changes
@@ -133,6 +154,7 @@ def canary(daemon, action: str = "status", channel: str | None = None, share: fl
     """
     if action == "status":
         return daemon.canary.report()
+    shadow, force = flag("shadow", shadow), flag("force", force)
     if action not in ("start", "stop"):
         raise CommandError(f"canary action is status, start or stop; not {action!r}")
     if channel not in daemon.config.channels:
@@ -155,7 +177,7 @@ def canary(daemon, action: str = "status", channel: str | None = None, share: fl
         cfgmod.with_channel(daemon.config, channel, **changes)   # the value's own rules, at once
     except ConfigError as exc:
         raise CommandError(f"refused: {exc.key}: {exc.rule}") from None
-    return _start_canary(daemon, channel, changes, float(share), float(seconds), bool(shadow), by, bool(force))
+    return _start_canary(daemon, channel, changes, float(share), float(seconds), shadow, by, force)
 
 
 async def _start_canary(daemon, channel: str, changes: dict[str, Any], share: float, seconds: float,
@@ -179,14 +201,19 @@ def reload(daemon, by: str | None = None, force: bool = False, dry_run: bool = F
     at once and unloaded once its accepted requests are answered. `needs_restart` names what only
     a restart changes (daemon, devices, cache; a model's settings; models on a Ray pool). Every
     channel it changes is risk-assessed, and a risky reload is refused unless `force`. `dry_run`:
-    only the plan (`config`: check that configuration, e.g. a file an operator is about to
-    install, instead of the daemon's own file).
+    only the plan (`config`: check that configuration, a table as a TOML file spells it, e.g. the
+    file an operator is about to install, read by dynbatchctl check-config --risk, instead of the
+    daemon's own file). `force` and `dry_run` are booleans.
     """
-    opts = {k: v for k, v in (("by", by), ("force", bool(force)), ("dry_run", bool(dry_run))) if v}
+    force, dry_run = flag("force", force), flag("dry_run", dry_run)
+    opts = {k: v for k, v in (("by", by), ("force", force), ("dry_run", dry_run)) if v}
     try:
         if config is not None:
             if not dry_run:
                 raise CommandError("config= is for dry_run=true only: a reload reads the daemon's own file")
+            if not isinstance(config, dict):
+                raise CommandError(f"config is a configuration table (a map of the file's tables, as "
+                                   f"dynbatchctl check-config --risk sends it), not {_shown(config)}")
             opts["config"] = cfgmod.parse(config, "check-config")
         pending = daemon.operations.reload(**opts)
     except ConfigError as exc:
@@ -216,9 +243,10 @@ def warmup(daemon, top_users: int = 10_000, model: str | None = None) -> dict[st
     """
     if daemon.cache is None:
         raise CommandError("the result cache is off: set [cache] entries in the config to use warmup")
+    top_users = count("top_users", top_users, least=1)
     if model is not None and model not in daemon.config.models:
         raise CommandError(f"no model named {model!r}")
-    return daemon.cache_ops.warmup(model, int(top_users))
+    return daemon.cache_ops.warmup(model, top_users)
 
 
 def forget(daemon, user: str, tenant: str | None = None, by: str = "local") -> dict[str, Any]:

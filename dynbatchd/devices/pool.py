@@ -32,7 +32,7 @@ import asyncio
 import logging
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
@@ -62,6 +62,8 @@ class Worker:
     answered: int = 0                                   # ...and answered by it: in flight is the difference
     models: tuple[str, ...] = ()                        # what its process said it has loaded (Ready)
     asked: tuple[str, ...] = ()                         # the models of the last Setup sent to it
+    unanswered: int = 0                                 # Setups sent to its process not yet answered by a Ready
+    load_failures: dict[str, str] = field(default_factory=dict)   # its last Ready's models it could not load
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "feeder": self.feeder, "pid": self.proc.pid if self.proc else 0,
@@ -224,6 +226,7 @@ class DevicePool:
 
     def _setup(self, worker: Worker) -> None:
         worker.asked = tuple(m.name for m in self.models)
+        worker.unanswered += 1
         self.io.send([worker.name.encode(), P.encoder.encode(P.Setup(worker.device, self.models, self.cpu_threads))])
 
     def loaded(self, model: str) -> bool:
@@ -249,11 +252,13 @@ class DevicePool:
             elif isinstance(msg, (P.GenTokens, P.GenEnd)):
                 self.on_generation(worker.index, msg)
             elif isinstance(msg, P.Hello):
+                worker.unanswered = 0   # a new process: nothing was sent to it yet
                 self._setup(worker)
             elif isinstance(msg, P.Ready):
                 reloaded = worker.state == "ready"
                 worker.state, worker.failure = "ready", ""
                 worker.simulated, worker.models = bool(msg.simulated), tuple(msg.models)
+                worker.unanswered, worker.load_failures = max(0, worker.unanswered - 1), dict(msg.failed)
                 log.info("worker %s %s on %s (pid %d): %s", worker.name, "reloaded" if reloaded else "ready",
                          msg.device, msg.pid, ", ".join(msg.models))
                 self._check_all_ready()

@@ -236,17 +236,24 @@ class Generating:
 
 def _adopt_models(sock: zmq.Socket, name: str, setup: P.Setup, runners: dict[str, Runner]) -> dict[str, Runner]:
     """Load the models a reload added (while this worker's batch in flight finishes in the pipeline),
-    drop those it removed, and say Ready again with what is loaded. A model that fails to load is
-    logged and left out: the daemon keeps answering it unknown_model."""
-    try:
-        fresh = load_runners(setup, runners)
-    except Exception as exc:
-        log.error("worker %s could not load the reloaded models: %s: %s", name, type(exc).__name__, exc)
-        fresh = {spec.name: runners[spec.name] for spec in setup.models if spec.name in runners}
+    drop those it removed, and say Ready again with what is loaded. Each added model loads on its
+    own: one that fails is logged and reported in the Ready (`failed`), and the others still load;
+    the daemon answers it unknown_model, saying why."""
+    fresh: dict[str, Runner] = {}
+    failed: dict[str, str] = {}
+    for spec in setup.models:
+        if spec.name in runners:
+            fresh[spec.name] = runners[spec.name]
+            continue
+        try:
+            fresh.update(load_runners(P.Setup(setup.device, [spec], setup.threads)))
+        except Exception as exc:
+            failed[spec.name] = f"{type(exc).__name__}: {exc}"
+            log.error("worker %s could not load the reloaded model %s: %s", name, spec.name, failed[spec.name])
     for model in set(runners) - set(fresh):
         log.info("worker %s unloaded model %s", name, model)
     simulated = [n for n, r in fresh.items() if r.simulated]
-    sock.send(P.encoder.encode(P.Ready(os.getpid(), setup.device, list(fresh), simulated)))
+    sock.send(P.encoder.encode(P.Ready(os.getpid(), setup.device, list(fresh), simulated, failed)))
     return fresh
 
 

@@ -17,7 +17,7 @@ import msgspec
 from dynbatchd import protocol as P
 from dynbatchd.engine.records import Job
 from dynbatchd.hookspecs import RequestInfo
-from dynbatchd.tenancy import tenant_of_key
+from dynbatchd.tenancy import named_tenant, tenant_of_key
 
 ADMISSION_RULE = "admission-check"   # a plugin's dynbatchd_admit refused it (its reason says which)
 
@@ -63,10 +63,11 @@ class Intake:
     `cache_on`: the result cache is there (requests with a text get a cache key); `cache_rule`: the
     cache policy. `quota(tenant, payload)`: a refusal message or None; `quota_on(config)`: whether
     `config` sets any quota (None: always ask `quota`), decided once per config. `observe_user`: the top-users
-    sketch's ``observe``. `loading(model)`: the model is not loaded yet. `curve`: the front end
-    authenticates keys, so an isolated channel's tenant comes from the key. `sequence_caps(models)`:
-    model -> the most tokens of one request it reads (``Plugins.sequence_caps``), decided once per
-    config: a Job counts no more (its cost, its memory), while routing sees the request's own count.
+    sketch's ``observe``. `loading(model)`: the model is not loaded yet (a str: why, the refusal's
+    message: it is loading, or failed to). `curve`: the front end authenticates keys, so an
+    isolated channel's tenant comes from the key. `sequence_caps(models)`: model -> the most tokens
+    of one request it reads (``Plugins.sequence_caps``), decided once per config: a Job counts no
+    more (its cost, its memory), while routing sees the request's own count.
     """
 
     def __init__(self, config: Any, route: Callable[[RequestInfo, Any], str], *,
@@ -75,7 +76,7 @@ class Intake:
                  quota: Callable[[str | None, Any], str | None] | None = None,
                  quota_on: Callable[[Any], bool] | None = None,
                  observe_user: Callable[[str | None, str, str, str], None] | None = None,
-                 loading: Container[str] | Callable[[str], bool] = (), curve: bool = False,
+                 loading: Container[str] | Callable[[str], bool | str | None] = (), curve: bool = False,
                  sequence_caps: Callable[[Any], Mapping[str, int]] | None = None):
         self.cache_on, self.cache_rule, self.quota, self.observe_user = cache_on, cache_rule, quota, observe_user
         self.quota_on, self.sequence_caps = quota_on, sequence_caps
@@ -110,8 +111,9 @@ class Intake:
         model, models = meta.model, self._models
         if models is not None and model not in models:
             return Refusal(P.UNKNOWN_MODEL, f"no model named {model!r}")
-        if self.loading(model):
-            return Refusal(P.UNKNOWN_MODEL, f"model {model!r} is still loading")
+        if unready := self.loading(model):   # a str says why: loading, or failed to load
+            why = unready if isinstance(unready, str) else f"model {model!r} is still loading"
+            return Refusal(P.UNKNOWN_MODEL, why)
         config, tenant = self._config, meta.tenant
         info = RequestInfo(model, meta.tags, meta.request_type, meta.user_frequency, meta.tokens,
                            meta.priority, tenant, meta.user)
@@ -119,6 +121,9 @@ class Intake:
         if meta.allowed_channels and channel not in meta.allowed_channels:
             return Refusal(P.REFUSED, f"this API key may not send to channel {channel!r}", None, channel, tenant)
         settings = self._channels[channel]
+        if settings.isolated and tenant is not None and named_tenant(tenant) is None:
+            tenant = None   # blank: no tenant, so the engine refuses it (or runs it alone), never shares a batch
+            info = msgspec.structs.replace(info, tenant=None)
         key_tenants = self._key_tenants
         if key_tenants and self.curve and settings.isolated:
             tenant, refusal = tenant_of_key(key_tenants, meta.peer, meta.tenant, meta.key_tenant)

@@ -40,7 +40,7 @@ def test_the_control_commands_reach_the_operations(tmp_path):
     d = daemon(tmp_path)
     status = commands.status(d)
     assert status["daemon"]["state"] == "starting" and set(status["channels"]) == {"standard"}
-    assert status["models"] == {"serving": ["sim"], "loading": [], "unloading": []}
+    assert status["models"] == {"serving": ["sim"], "loading": [], "unloading": [], "failed": {}}
     assert {"quotas", "tenants", "generation", "overrides", "canary"} <= set(status)   # one status, whole
     assert "dynbatchd_" in d.operations.metrics_page()
     assert commands.config(d)["http"]["listen"] == ""   # the HTTP plugin's table, defaults filled in
