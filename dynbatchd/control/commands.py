@@ -47,6 +47,17 @@ def count(name: str, value: Any, least: int = 0) -> int:
     return value
 
 
+WHY_CHARS = 500   # a change's reason, kept in the overrides file's history and logged: a note, not a document
+
+
+def reason(value: Any) -> str:
+    """A change's `why`: text of at most WHY_CHARS characters (it is written to the overrides file
+    and the log, so a client cannot make either hold its megabytes)."""
+    if not isinstance(value, str) or len(value) > WHY_CHARS:
+        raise CommandError(f"why is text of at most {WHY_CHARS} characters, not {_shown(value)}")
+    return value
+
+
 def ping(daemon) -> dict[str, Any]:
     """`ping` -> {"state": "serving" | "starting" | "draining"}."""
     return {"state": daemon.state}
@@ -116,6 +127,7 @@ def tune(daemon, channel: str, by: str = "local", force: bool = False, dry_run: 
     earlier change is left).
     """
     force, dry_run, rollback = flag("force", force), flag("dry_run", dry_run), flag("rollback", rollback)
+    why = reason(why)
     if channel not in daemon.config.channels:
         raise CommandError(f"no channel named {channel!r}")
     if rollback:
@@ -135,7 +147,7 @@ def tune(daemon, channel: str, by: str = "local", force: bool = False, dry_run: 
         cfgmod.with_channel(daemon.config, channel, **changes)   # the value's own rules, at once
     except ConfigError as exc:
         raise CommandError(f"refused: {exc.key}: {exc.rule}") from None
-    return _settled(daemon.operations.tune(channel, changes, by=by, why=str(why), force=force, dry_run=dry_run))
+    return _settled(daemon.operations.tune(channel, changes, by=by, why=why, force=force, dry_run=dry_run))
 
 
 CANARY_KEYS = ("max_batch", "window_ms", "window")   # what a canary may try: what the tuning loop changes

@@ -75,6 +75,8 @@ BAD = [
      "shadow is true or false, not 'no'"),
     ("canary", {"action": "start", "channel": "standard", "max_batch": 4, "force": 0},
      "force is true or false, not 0"),
+    ("tune", {"channel": "standard", "max_batch": 4, "why": 5}, "why is text of at most 500 characters, not 5"),
+    ("tune", {"channel": "standard", "max_batch": 4, "why": "x" * 501}, "why is text of at most 500 characters"),
 ]
 
 
