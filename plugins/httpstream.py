@@ -62,23 +62,29 @@ class HttpStreaming:
     @staticmethod
     async def _unless_gone(answering: Any, conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
         """Await `answering` (a handler); the client closing its connection first cancels it, which
-        withdraws its request. Bytes that come meanwhile (a pipelined request) go to h11 for later."""
+        withdraws its request.
+
+        The watch is a read (asyncio streams have no peek), so it may take bytes: a pipelined next
+        request's. It hands them to h11, which keeps them for the connection's next request (h11's
+        buffer is where `_head` looks first); after that the watch is over, and a hang-up shows when
+        the answer is written. Before returning, the watch is cancelled and awaited: a reader allows
+        one read at a time, and the next request's read failed (an unrequested 500) while a cancelled
+        watch still waited. A read cancelled before it completes takes no bytes: they stay in the reader."""
         task = asyncio.ensure_future(answering)
         watch = asyncio.ensure_future(reader.read(READ_SIZE))
         try:
             await asyncio.wait((task, watch), return_when=asyncio.FIRST_COMPLETED)
-            if watch.done():
-                data = b"" if watch.exception() else watch.result()
-                if not task.done() and not data:
-                    task.cancel()
-                    await asyncio.wait((task,))
-                    raise ClientGone("while its answer was made: withdrawn")
-                conn.receive_data(data)
+            if watch.done() and not task.done() and not _taken(watch):
+                task.cancel()
+                await asyncio.wait((task,))
+                raise ClientGone("while its answer was made: withdrawn")
             return await task
         finally:
             task.cancel()
-            if not watch.done():
-                watch.cancel()
+            watch.cancel()
+            await asyncio.wait((watch,))   # (not `await watch`: that would raise its CancelledError)
+            if (data := _taken(watch)) is not None:
+                conn.receive_data(data)
 
     @staticmethod
     async def _until_closed(reader: asyncio.StreamReader) -> None:
@@ -88,3 +94,10 @@ class HttpStreaming:
                 pass
         except ConnectionError:
             pass
+
+
+def _taken(watch: asyncio.Future) -> bytes | None:
+    """What a finished hang-up watch read (b"": the client closed, or reset), or None: it was cancelled."""
+    if watch.cancelled():
+        return None
+    return b"" if watch.exception() is not None else watch.result()

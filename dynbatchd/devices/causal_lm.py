@@ -9,11 +9,12 @@ greedy tokens as the sequence alone (tests check it). The copy in and out of the
 O(KV) per step: a paged cache would avoid it and is not built.
 
 Options: ``path`` (a local model directory; nothing is downloaded), ``dtype`` ("auto": the
-model's), ``max_new_tokens``, ``temperature`` (0: greedy), ``top_k``, ``seed``, ``stop`` (strings
-that end a generation, not included in its text); ``kv_budget_tokens``, ``max_batch_sequences``,
-``max_prefill_tokens`` and ``mode`` configure the worker's step loop (dynbatchd.generation.serving),
-through which the daemon serves every request for this runner. `run` generates a whole batch of
-prompts (one-shot use outside the daemon: benchmarks, tests).
+model's), ``max_new_tokens``, ``temperature`` (0, or below MIN_TEMPERATURE: greedy), ``top_k``,
+``seed``, ``stop`` (strings that end a generation, not included in its text);
+``kv_budget_tokens``, ``max_batch_sequences``, ``max_prefill_tokens`` and ``mode`` configure the
+worker's step loop (dynbatchd.generation.serving), through which the daemon serves every request
+for this runner. `run` generates a whole batch of prompts (one-shot use outside the daemon:
+benchmarks, tests).
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from dynbatchd.devices.runners import Runner, count, encoder_dir, one_of
 from dynbatchd.generation.simcosts import simulated_costs
 
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+# Below it a temperature samples as greedy: logits / T would overflow float32 (1e-308 made every
+# logit inf, softmax NaN, and the step raise), and 1/T that sharp picks the top token anyway.
+MIN_TEMPERATURE = 1e-5
 
 
 def non_negative(value: Any) -> str | None:
@@ -50,7 +54,8 @@ class TokenEvent:
     seq_id: str
     token_id: int
     text: str
-    finished: str | None = None          # "length", "stop" (EOS or a stop string), or None
+    finished: str | None = None          # "length", "stop" (EOS or a stop string), "error", or None
+    error: str = ""                      # finished "error": what went wrong with this sequence alone
 
 
 @dataclass
@@ -122,7 +127,7 @@ class CausalLMRunner(Runner):
         o = self.options
         temperature = o.get("temperature", 0.0) if temperature is None else temperature
         generator = None
-        if temperature > 0:
+        if temperature >= MIN_TEMPERATURE:
             generator = torch.Generator().manual_seed(o.get("seed", 0) if seed is None else seed)
         new = max_new_tokens or o.get("max_new_tokens", 64)
         if (limit := self.max_context) is not None and len(ids) + new > limit:   # (a crash mid-batch, else)
@@ -179,7 +184,7 @@ class CausalLMRunner(Runner):
             pad = longest - len(contexts[row])
             seq.kv = [(layer.keys[row:row + 1, :, pad:].clone(), layer.values[row:row + 1, :, pad:].clone())
                       for layer in cache.layers]
-            events.append(self._next(seq_id, seq, out.logits[row, -1]))
+            events.append(self._next_alone(seq_id, seq, out.logits[row, -1]))
         return events
 
     def decode_step(self, seq_ids: list[str] | tuple[str, ...]) -> list[TokenEvent]:
@@ -209,8 +214,17 @@ class CausalLMRunner(Runner):
             pad = longest - lengths[row]
             seq.kv = [(layer.keys[row:row + 1, :, pad:].clone(), layer.values[row:row + 1, :, pad:].clone())
                       for layer in cache.layers]
-            events.append(self._next(seq_id, seq, out.logits[row, -1]))
+            events.append(self._next_alone(seq_id, seq, out.logits[row, -1]))
         return events
+
+    def _next_alone(self, seq_id: str, seq: GenSequence, logits: Any) -> TokenEvent:
+        """`_next`, but a failure there ends this sequence alone (finished "error"): the step's
+        forward pass was the model's, this token is one sequence's, and the others go on."""
+        try:
+            return self._next(seq_id, seq, logits)
+        except Exception as exc:   # no text: an exception's may quote the sequence's
+            seq.finished, seq.kv = "error", None
+            return TokenEvent(seq_id, -1, "", "error", f"its next token failed ({type(exc).__name__})")
 
     def _next(self, seq_id: str, seq: GenSequence, logits: Any) -> TokenEvent:
         token = _pick(logits, seq)
@@ -255,9 +269,19 @@ class CausalLMRunner(Runner):
 
 
 def _held_tail(text: str, stops: tuple[str, ...]) -> int:
-    """The length of `text`'s longest end that is the start of a stop string (0: none)."""
-    return max((n for s in stops for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])),
-               default=0)
+    """The length of `text`'s longest end that is the start of a stop string (0: none). Run per token
+    per sequence, so cheap: for each stop only the places in the text's last len(stop) - 1 characters
+    where the stop's first character is are tried (found in C), longest first, until one starts it."""
+    best = 0
+    for stop in stops:
+        tail = text[len(text) - min(len(stop) - 1, len(text)):]
+        at = tail.find(stop[0])
+        while 0 <= at < len(tail) - best:
+            if stop.startswith(tail[at:]):
+                best = len(tail) - at
+                break
+            at = tail.find(stop[0], at + 1)
+    return best
 
 
 def _left_pad(tensor: Any, length: int) -> Any:
@@ -271,13 +295,18 @@ def _left_pad(tensor: Any, length: int) -> Any:
 
 
 def _pick(logits: Any, seq: GenSequence) -> int:
-    """Greedy at temperature 0, else top-k sampling from the sequence's own seeded generator."""
+    """Greedy below MIN_TEMPERATURE, else top-k sampling from the sequence's own seeded generator.
+    A row whose probabilities are still not finite (a model's own inf or NaN logits) takes its
+    top token: torch.multinomial would raise, and one sequence must not fail the step."""
     import torch
 
-    if seq.temperature <= 0:
+    if seq.temperature < MIN_TEMPERATURE:
         return int(torch.argmax(logits))
     scaled = logits.float().cpu() / seq.temperature
     if seq.top_k:
         kth = torch.topk(scaled, min(seq.top_k, scaled.numel())).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    return int(torch.multinomial(torch.softmax(scaled, -1), 1, generator=seq.generator))
+    probs = torch.softmax(scaled, -1)
+    if not bool(torch.isfinite(probs).all()):
+        return int(torch.argmax(logits))
+    return int(torch.multinomial(probs, 1, generator=seq.generator))

@@ -145,8 +145,11 @@ class GenerationLoop:
         events = list(self.runner.prefill(plan.prefill)) + list(self.runner.decode_step(plan.decode))
         if self.cost is not None:
             self.cost.observe(sum(plan.prefill_lengths), len(plan.decode), self.clock() - started)
+        failed = [self._failed(e) for e in events if e.finished == "error"]   # first: complete skips them
         tokens = []
         for e in events:   # a token whose text is held back (a possible stop string) counts in the next chunk
+            if e.finished == "error":
+                continue
             job, n = int(e.seq_id), self.untold.pop(e.seq_id, 0) + 1
             if e.text:
                 tokens.append((job, e.text, n))
@@ -154,7 +157,15 @@ class GenerationLoop:
                 self.untold[e.seq_id] = n
         stopped = [e.seq_id for e in events if e.finished == "stop"]
         ends = [self._end(end) for end in self.scheduler.complete(plan, self.clock(), stopped)]
-        return ([P.GenTokens(tokens)] if tokens else []) + out + ends
+        return ([P.GenTokens(tokens)] if tokens else []) + out + [end for end in failed if end] + ends
+
+    def _failed(self, event: Any) -> P.GenEnd | None:
+        """A sequence the runner could not continue (its token failed, not the step's forward pass)
+        ends alone, as an error; the others of its step go on."""
+        end = self.cancel(int(event.seq_id), "error")
+        if end is not None:
+            end.message = f"generation failed: {event.error or 'its next token failed'}"
+        return end
 
     def _end(self, end: Finished) -> P.GenEnd:
         """The end message of `end`; the runner's sequence (and its KV) goes."""
