@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynbatchd import protocol as P
 from dynbatchd.devices.runners import Runner, count, encoder_dir, one_of
 from dynbatchd.generation.simcosts import simulated_costs
 
@@ -43,9 +44,13 @@ def flag(value: Any) -> str | None:
 
 
 def stop_strings(value: Any) -> str | None:
-    if isinstance(value, list) and all(isinstance(s, str) and s for s in value):
-        return None
-    return f"expected a list of non-empty strings, got {value!r}"
+    """The `stop` option's rule: a request's (`protocol.check_generate`), as every token is checked
+    against each string."""
+    if not (isinstance(value, list) and all(isinstance(s, str) and s for s in value)):
+        return f"expected a list of non-empty strings, got {value!r}"
+    if len(value) > P.MAX_STOP_STRINGS or max(map(len, value), default=0) > P.MAX_STOP_CHARS:
+        return f"at most {P.MAX_STOP_STRINGS} strings of at most {P.MAX_STOP_CHARS} characters each"
+    return None
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,12 @@ def test_stop_strings_are_capped_in_number_and_length_naming_generate_stop():
     assert P.check_generate({"stop": [""]}).startswith("generate.stop must be a list of non-empty strings")
 
 
+def test_the_runners_stop_option_has_the_requests_cap():
+    assert causal_lm.stop_strings(AT_THE_CAP) is None
+    assert "at most 16 strings" in causal_lm.stop_strings(["s%d" % i for i in range(P.MAX_STOP_STRINGS + 1)])
+    assert "at most 16 strings" in causal_lm.stop_strings(["w" * (P.MAX_STOP_CHARS + 1)])
+
+
 def naive_held_tail(text, stops):
     """The rule by its definition: the longest end of `text` that begins a stop string."""
     return max((n for s in stops for n in range(1, min(len(s) - 1, len(text)) + 1) if text.endswith(s[:n])),
