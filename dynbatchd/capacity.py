@@ -353,7 +353,10 @@ def parse_count(text: str) -> float:
     """``10M``, ``2.5k``, ``1e6``, ``10000000`` -> a number of requests."""
     t = text.strip().replace("_", "").replace(",", "")
     scale = {"k": 1e3, "m": 1e6, "g": 1e9, "b": 1e9}.get(t[-1:].lower(), 1.0)
-    value = float(t[:-1] if scale != 1.0 else t)
-    if value <= 0 or not math.isfinite(value):
-        raise ValueError(f"{text!r}: must be a positive number")
+    try:
+        value = float(t[:-1] if scale != 1.0 else t)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{text!r}: must be a positive finite number, e.g. 10M, 2.5k or 1e6")
     return value * scale

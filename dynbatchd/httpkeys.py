@@ -4,7 +4,8 @@ A key is ``dbk_NAME_SECRET`` (SECRET: 32 random bytes, URL-safe base64), shown o
 ``dynbatchctl http-key create NAME --tenant T``. Its file (mode 0600) holds the SHA-256 of the
 whole key (the secret has 256 bits: no slow hash is needed), the tenant its requests run as and,
 optionally, the channels it may reach. Removing the file revokes the key: the door looks at the key's
-file at each request (one stat; read again when it changed), so no restart is needed. Keys are compared with `hmac.compare_digest`, and an unknown name is compared against a
+file at each request (one stat; read again when it changed), so no restart is needed; only a
+regular file of at most 64 KiB is read (`read_key_file`), since the read is on the event loop. Keys are compared with `hmac.compare_digest`, and an unknown name is compared against a
 dummy hash, so the time taken says nothing of which part was wrong.
 """
 
@@ -16,11 +17,14 @@ import logging
 import os
 import re
 import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
+
+from dynbatchd.errors import DynbatchdError
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +33,9 @@ SUFFIX = ".hash"
 PREFIX = "dbk_"
 NAME = re.compile(r"^[A-Za-z0-9-]{1,64}$")   # no "_": the key's name ends at the first one
 DUMMY = hashlib.sha256(b"no such key").hexdigest()
+# A key file holds ~150 bytes (a hash, a tenant, a few channel names); 64 KiB leaves room for
+# hundreds of channels and bounds what one request can make the door read on the event loop.
+MOST_BYTES = 64 * 1024
 
 
 class KeyRecord(msgspec.Struct, forbid_unknown_fields=True):
@@ -93,11 +100,40 @@ def read_all(directory: Path) -> dict[str, KeyRecord]:
     for path in entries:
         if path.suffix != SUFFIX or not NAME.match(path.stem):
             continue
-        try:
-            records[path.stem] = msgspec.json.decode(path.read_bytes(), type=KeyRecord)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("HTTP key file %s is unreadable (%s): that key is refused", path, type(exc).__name__)
+        record = read_key_file(path)
+        if record is not None:
+            records[path.stem] = record
     return records
+
+
+def read_key_file(path: Path) -> KeyRecord | None:
+    """The record of one key file, or None (logged once, by name and reason, never its content).
+
+    Only a regular file of at most MOST_BYTES is read: the door reads on the event loop, where
+    a link to /dev/zero would be read forever and a FIFO would block it (hence O_NONBLOCK, and
+    the type checked on the open descriptor, not on a name that may change in between)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise _Refused("not a regular file")
+            data = os.read(fd, MOST_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(data) > MOST_BYTES:
+            raise _Refused(f"larger than {MOST_BYTES // 1024} KiB")
+        return msgspec.json.decode(data, type=KeyRecord)
+    except _Refused as exc:
+        reason = str(exc)
+    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
+        reason = type(exc).__name__
+    log.warning("HTTP key file %s is unreadable (%s): that key is refused", path, reason)
+    return None
+
+
+class _Refused(DynbatchdError):
+    """A key file that is not read at all (not a regular file, too large)."""
 
 
 class KeyStore:
@@ -124,11 +160,7 @@ class KeyStore:
         cached = self._records.get(name)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        try:
-            record = msgspec.json.decode(path.read_bytes(), type=KeyRecord)
-        except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("HTTP key file %s is unreadable (%s): that key is refused", path, type(exc).__name__)
-            record = None
+        record = read_key_file(path)   # a bad file is logged once: its stamp is kept with its None
         if len(self._records) > 100_000:
             self._records.clear()
         self._records[name] = (stamp, record)

@@ -26,6 +26,7 @@ scores and probabilities, as materialised by eager attention).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -50,6 +51,24 @@ def _first(cfg: dict[str, Any], *keys: str) -> Any:
     for key in keys:
         if cfg.get(key) is not None:
             return cfg[key]
+    return None
+
+
+# Past any real model's dimension, and small enough that the plan's arithmetic (its float steps
+# included) stays finite: a config.json's 1e400 or -32 is refused naming its key.
+MOST_DIM = 2**31 - 1
+
+
+def _dim(cfg: dict[str, Any], keys: tuple[str, ...], where: str) -> int | None:
+    """The first of `keys` that `cfg` sets (not null), as a positive integer; None when none is set."""
+    for key in keys:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        whole = isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
+        if isinstance(value, bool) or not whole or not 1 <= value <= MOST_DIM:
+            raise ValueError(f"{where}: {key} must be a positive integer (at most {MOST_DIM}), got {value!r}")
+        return int(value)
     return None
 
 
@@ -100,22 +119,23 @@ def model_dims(cfg: dict[str, Any], *, model_dir: Path | None = None, name: str 
     """Dimensions from a Hugging Face config; weights from the files beside it, else estimated."""
     if _first(cfg, "num_hidden_layers", "n_layer", "num_layers") is None and isinstance(cfg.get("text_config"), dict):
         cfg = {**cfg["text_config"], "architectures": cfg.get("architectures"), "torch_dtype": cfg.get("torch_dtype")}
-    layers = _first(cfg, "num_hidden_layers", "n_layer", "num_layers")
-    heads = _first(cfg, "num_attention_heads", "n_head", "num_heads")
-    hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
+    where = f"model config in {model_dir}" if model_dir else "model config"
+    dim = lambda *keys: _dim(cfg, keys, where)   # noqa: E731
+    layers = dim("num_hidden_layers", "n_layer", "num_layers")
+    heads = dim("num_attention_heads", "n_head", "num_heads")
+    hidden = dim("hidden_size", "n_embd", "d_model")
     missing = [k for k, v in (("num_hidden_layers", layers), ("num_attention_heads", heads),
                               ("hidden_size", hidden)) if not v]
     if missing:
-        raise ValueError(f"model config lacks {', '.join(missing)}")
-    layers, heads, hidden = int(layers), int(heads), int(hidden)
-    kv_heads = int(_first(cfg, "num_key_value_heads", "n_kv_heads") or heads)
-    head_dim = int(cfg.get("head_dim") or hidden // heads)
-    intermediate = int(_first(cfg, "intermediate_size", "n_inner", "ffn_dim") or 4 * hidden)
-    positions = _first(cfg, "max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
+        raise ValueError(f"{where} lacks {', '.join(missing)}")
+    kv_heads = dim("num_key_value_heads", "n_kv_heads") or heads
+    head_dim = dim("head_dim") or hidden // heads
+    intermediate = dim("intermediate_size", "n_inner", "ffn_dim") or 4 * hidden
+    positions = dim("max_position_embeddings", "n_positions", "max_seq_len", "seq_length")
     if seq_len is None:
         if not positions:
-            raise ValueError("model config has no max_position_embeddings: give a sequence length")
-        seq_len = int(positions)
+            raise ValueError(f"{where} has no max_position_embeddings: give a sequence length")
+        seq_len = positions
     if seq_len < 1:
         raise ValueError(f"sequence length must be >= 1, got {seq_len}")
     dtype = dtype or str(cfg.get("torch_dtype") or "float32")
@@ -128,7 +148,7 @@ def model_dims(cfg: dict[str, Any], *, model_dir: Path | None = None, name: str 
         kind = "encoder" if not decoder and cfg.get("model_type") in ENCODER_TYPES else "decoder"
     weights, weights_from = weights_on_disk(model_dir) if model_dir else (0, "")
     if not weights:
-        vocab = int(cfg.get("vocab_size") or 0)
+        vocab = dim("vocab_size") or 0
         # Per layer: attention (Q, O full; K, V at kv width) + a gated or plain MLP; plus embeddings.
         mlp = (3 if cfg.get("hidden_act") in ("silu", "swiglu") else 2) * hidden * intermediate
         attn = 2 * hidden * hidden + 2 * hidden * kv_heads * head_dim

@@ -279,6 +279,14 @@ class TopUsers:
         except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
             log.warning("top-users file %s is unreadable (%s); starting a new one", path, type(exc).__name__)
             return sketch
+        # Counts past 2**53 (no real traffic reaches them) would overflow msgpack's 64 bits as they
+        # grow, and every later save would fail: refuse them here, where the file is read.
+        counts = [saved.observed, saved.floor, *(n for u in saved.users for n in (
+            (u.count, u.error, u.last_seen, *(i[2] for i in u.inputs), *(i[3] for i in u.inputs))
+            if isinstance(u, UserRecord) else (u[2], u[3], *(i[2] for i in u[4]))))]
+        if not all(0 <= n <= 2**53 for n in counts):
+            log.warning("top-users file %s holds a count outside 0 to 2**53; starting a new one", path)
+            return sketch
         if isinstance(saved, FirstFormat):
             return sketch._converted(saved, path)
         if saved.format != FORMAT:

@@ -9,17 +9,13 @@ name the key (``http.listen``) and the rule, as a core table's do.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any, ClassVar
 
 from msgspec import Meta
 
-from dynbatchd.config import MAX_QUEUE, Config, Frozen, convert, is_loopback_host
+from dynbatchd.config import MAX_QUEUE, Config, Frozen, convert, host_port_problem, is_loopback_host
 from dynbatchd.errors import OptionError
 from dynbatchd.hookspecs import hookimpl
-
-HOST_PORT = re.compile(r"^[\w.\-\[\]:]*:\d{1,5}$")
-
 
 class HttpSettings(Frozen, kw_only=True):
     """The HTTP front door (`dynbatchd_plugins.http`): off while `listen` is empty.
@@ -40,8 +36,8 @@ class HttpSettings(Frozen, kw_only=True):
 
     def check(self, config: Config) -> None:
         """The rules across keys and tables; OptionError(key within ``[http]``, rule)."""
-        if self.listen and not HOST_PORT.match(self.listen):
-            raise OptionError("listen", f"{self.listen!r} is not HOST:PORT")
+        if self.listen and (problem := host_port_problem(self.listen)):
+            raise OptionError("listen", problem)
         if bool(self.tls_cert) != bool(self.tls_key):
             raise OptionError("tls_key" if self.tls_cert else "tls_cert",
                               "tls_cert and tls_key go together: a certificate and its private key")

@@ -23,6 +23,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from dynbatchd import config as cfgmod
+from dynbatchd.cli import limits
+from dynbatchd.cli.output import check_writable
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.client import DynbatchdError
 from dynbatchd.tuning import bench as B
@@ -45,9 +47,9 @@ def _numbers(text: str | None, kind: type, name: str) -> list:
         values = [kind(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise fail(f"{name} {text!r}: a comma-separated list of numbers, e.g. {name} 50,100", 2) from None
-    if not values or any(v <= 0 for v in values):
+    if not values or any(not v > 0 for v in values):
         raise fail(f"{name} {text!r}: every value must be above 0", 2)
-    return values
+    return [limits.check(name, v) for v in values]
 
 
 def _load_config(ctx: typer.Context) -> tuple[cfgmod.Config, Path | None]:
@@ -175,6 +177,10 @@ def bench(ctx: typer.Context,
         raise fail(str(exc), 2) from None
     duration = duration_s if duration_s is not None else (1.0 if quick else 10.0)
     warmup = warmup_s if warmup_s is not None else (0.25 if quick else 2.0)
+    if simulated:
+        limits.check_volume(max(rate_list, default=0.0), duration + warmup, "--rates × (--duration-s + --warmup-s)")
+    if out_dir is not None:
+        check_writable(out_dir, "--out", folder=True)
     run_id, commit = cells.new_run_id(), cells.commit_id()
     cfg_hash = cells.config_hash(cfgmod.to_dict(cfg))
     live = None
@@ -241,8 +247,12 @@ def bench(ctx: typer.Context,
                 err.print(f"[red]error:[/red] could not restore channel {escape(channel)} to "
                           f"{live.original}: {escape(str(exc))}", highlight=False)
         db_conn.close()
-    where = out_dir or Path(cfgmod.state_path(cfg.daemon, "bench")) / run_id
-    pictures = plots.write_all(rows, where, commit) if rows else {}
+    try:
+        where = out_dir or Path(cfgmod.state_path(cfg.daemon, "bench")) / run_id
+        pictures = plots.write_all(rows, where, commit) if rows else {}
+    except OSError as exc:   # the cells are in the database already: say so, and where the pictures failed
+        raise fail(f"cannot write the pictures: {exc.strerror or exc} ({len(rows)} cells recorded in {db_path})",
+                   1) from None
     knees = {f"max_batch={b} window_ms={w:g}": (c["knee"].as_dict() if c["knee"] else None)
              for (b, w), c in plots.curves(rows).items()}
     data = {"simulated": simulated, "run_id": run_id, "commit": commit, "config_hash": cfg_hash,

@@ -23,6 +23,8 @@ from dynbatchd import capacity as cap
 from dynbatchd import config as cfgmod
 from dynbatchd.errors import DynbatchdError
 from dynbatchd.plugins import Plugins
+from dynbatchd.cli import limits
+from dynbatchd.cli.output import check_writable
 from dynbatchd.cli.capacity_generative import generative_capacity, render_generative
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.simulate.generative import SCENARIOS, is_generative
@@ -37,6 +39,15 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{100 * x:.2f}%"
 
 
+def requests_of(text: str) -> float:
+    """--requests-per-day as a number, within `limits` (one line naming the option otherwise)."""
+    try:
+        count = cap.parse_count(text)
+    except ValueError as exc:
+        raise ValueError(f"--requests-per-day {exc}") from None
+    return limits.check("--requests-per-day", count)
+
+
 def build(config: Path | None, requests_per_day: str, peak_factor: float, duration: float, urgent_share: float,
           tokens: int | None, trace: Path | None, profile: str, compare: str | None, target: float,
           priority_target: float, seed: int, scenario: str | None = None, out_given: bool = False) -> dict[str, Any]:
@@ -47,7 +58,8 @@ def build(config: Path | None, requests_per_day: str, peak_factor: float, durati
     cfg = cfgmod.load(path)
     plugins = Plugins.load()
     validate_config(cfg, plugins)
-    traffic = cap.Traffic(cap.parse_count(requests_per_day), peak_factor, duration, urgent_share, tokens, trace, seed)
+    traffic = cap.Traffic(requests_of(requests_per_day), peak_factor, duration, urgent_share, tokens, trace, seed)
+    limits.check_volume(traffic.peak_rps, duration, "--requests-per-day × --peak-factor × --duration")
     if is_generative(cfg):   # a causal-lm model: devices to meet the TTFT/TPOT targets
         if compare or trace or out_given:
             raise ValueError("--compare-profile, --trace and --out are not modelled for a generative config")
@@ -207,6 +219,8 @@ def capacity(ctx: typer.Context,
              wide: bool = typer.Option(False, "--wide", help=WIDE_HELP),
              as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts instead of tables.")) -> None:
     """Devices, monthly cost and energy per request for a daily volume, with and without batching (SIMULATED)."""
+    if out is not None:
+        check_writable(out, "--out")
     try:
         data = build(config or getattr(ctx.obj, "config", None), requests_per_day, peak_factor, duration,
                      urgent_share, tokens, trace, profile, compare, target, priority_target, seed, scenario,
@@ -217,7 +231,12 @@ def capacity(ctx: typer.Context,
         Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
         raise typer.Exit(2)
     if out is not None:
-        write_html(data, out, "dynbatchctl capacity " + " ".join(sys.argv[2:]))
+        try:
+            write_html(data, out, "dynbatchctl capacity " + " ".join(sys.argv[2:]))
+        except OSError as exc:
+            Console(stderr=True, soft_wrap=True).print(f"[red]error:[/red] cannot write {escape(str(out))}: "
+                                                       f"{escape(exc.strerror or str(exc))}", highlight=False)
+            raise typer.Exit(1) from None
     if as_json:
         sys.stdout.write(json.dumps(data, indent=2) + "\n")
     elif data.get("generative"):

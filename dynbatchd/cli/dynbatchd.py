@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from dynbatchd import __version__, config as cfgmod, logs
+from dynbatchd.config.paths import StateDirError
 from dynbatchd.errors import DynbatchdError
 from dynbatchd.plugins import Plugins
 
@@ -84,11 +85,12 @@ def start(config: Path = ConfigOption,
 
     try:
         code = runner(main())
-    except StartupError as exc:
+    except (StartupError, StateDirError) as exc:
+        message = f"{path}: {exc}" if isinstance(exc, StateDirError) else str(exc)   # a config key: name its file
         if cfg.daemon.log_format == "json":   # every line on stderr one object
-            logging.getLogger("dynbatchd").error("error: %s", exc)
+            logging.getLogger("dynbatchd").error("error: %s", message)
         else:
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {message}", file=sys.stderr)
         code = 1
     raise typer.Exit(code)
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -20,6 +22,7 @@ try:
 except ImportError:  # pragma: no cover - a typer on the installed click
     from click.exceptions import UsageError
 
+from dynbatchd.cli import limits
 from dynbatchd.client import DynbatchdError, NotRunning
 
 out = Console()
@@ -39,13 +42,36 @@ def fail(message: str, code: int) -> typer.Exit:
 
 class OneLineErrors(TyperGroup):
     """A command's usage error (``--max-batch abc``, a value out of an option's range, an unknown
-    option) as one `error:` line and exit 2, as every other error, not click's boxed usage text."""
+    option) as one `error:` line and exit 2, as every other error, not click's boxed usage text.
+    Every command it hands out has its numbers checked (`limits.guard`: finite and bounded)."""
+
+    def get_command(self, ctx: typer.Context, cmd_name: str) -> Any:
+        command = super().get_command(ctx, cmd_name)
+        return limits.guard(command) if command is not None else None
 
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except UsageError as exc:
             raise fail(exc.format_message(), 2) from None
+
+
+def check_writable(path: Path, option: str, folder: bool = False) -> None:
+    """Refuse an output path that cannot be written before a long run, not after it: probe it
+    (a folder is made, as the run would; a new file is made and removed), since permission bits
+    say nothing for root or a read-only file system (``/proc``)."""
+    try:
+        if folder:
+            path.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=path).close()
+            return
+        existed = path.exists()
+        with open(path, "a"):
+            pass
+        if not existed:
+            path.unlink()
+    except OSError as exc:
+        raise typer.BadParameter(f"cannot write {path}: {exc.strerror or exc}", param_hint=f"'{option}'") from None
 
 
 def exit_code(exc: DynbatchdError) -> int:

@@ -22,6 +22,7 @@ from dynbatchd.errors import DynbatchdError
 from dynbatchd.plugins import Plugins
 from dynbatchd.simulate import (Arrival, DeviceModel, config_device, mix_tokens, poisson, read_trace_csv, run_config,
                                 simulated_model_options)
+from dynbatchd.cli import limits
 from dynbatchd.cli.simulate_generative import generative_data, modes_of, show_generative
 from dynbatchd.cli.tables import WIDE_HELP, fit_table, show
 from dynbatchd.simulate.generative import SCENARIOS, generative_model
@@ -119,6 +120,7 @@ def simulate(ctx: typer.Context,
                 raise ValueError(f"--scenario must be one of {', '.join(SCENARIOS)}, got {scenario!r}")
             if trace is not None or tokens is not None:   # the scenario draws prompt and output lengths
                 raise ValueError("--trace and --tokens are not modelled for a generative config (see --scenario)")
+            limits.check_volume(5.0 if rate is None else rate, duration, "--rate × --duration")
             latency = {"step_ms": base_ms, "per_seq_ms": per_item_ms, "prefill_ms_per_token": per_token_ms}
             used = len(cfg.devices.use) if isinstance(cfg.devices.use, list) else 1
             data = generative_data(cfg, path, scenario=scenario or "mixed", modes=modes_of(mode),
@@ -126,6 +128,8 @@ def simulate(ctx: typer.Context,
                                    seed=seed, latency={k: v for k, v in latency.items() if v is not None})
             return show_generative(data, as_json, wide)
         rate = 500.0 if rate is None else rate
+        if trace is None:
+            limits.check_volume(rate, duration, "--rate × --duration")
         arrivals = trace_arrivals(trace, compress, seed, urgent_share) if trace else \
             poisson_arrivals(rate, duration, seed, urgent_share, tokens)
     except (DynbatchdError, OSError, KeyError, ValueError) as exc:   # ours, the disk's, a trace's

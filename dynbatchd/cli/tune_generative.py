@@ -52,7 +52,9 @@ def recommend_generative(cfg: Any, channel: str, *, rate_per_s: float, duration_
 
 
 def run_tune_generative(ctx: Any, channel: str, rate: float, duration: float, seed: int, as_json: bool) -> None:
+    from dynbatchd.cli import limits
     from dynbatchd.cli.output import emit_json, fail, out
+    limits.check_volume(rate, duration, "--rate × --duration")
     path = cfgmod.find_config(getattr(ctx.obj, "config", None))
     try:
         if path is None:

@@ -39,7 +39,7 @@ from dynbatchd.config.paths import (CONFIG_ENV, CONTROL_SOCKET, DEFAULT_CONFIG_P
                                     runtime_dir, search_order_text, state_path)
 from dynbatchd.config.reading import (check_channel_values, convert, load, parse, plugin_table, read_toml,
                                       to_dict, with_channel)
-from dynbatchd.config.rules import channels_carrying, check_references, is_loopback_host
+from dynbatchd.config.rules import channels_carrying, check_references, host_port_problem, is_loopback_host
 from dynbatchd.config.schema import (DEVICE_NAME, MAX_BATCH, MAX_MS, MAX_PRIORITY, MAX_QUEUE, MAX_S,
                                      MAX_TOKENS, CacheSettings, ChannelSettings, ComplianceSettings, Config,
                                      DaemonSettings, DeviceSettings, Frozen, GigaBytes, InFlight,
@@ -58,7 +58,7 @@ __all__ = [
     "RoutingSettings", "SHARED_TABLES", "Seconds", "TenantQuota", "TopUsersSettings", "UnsafeDirectory",
     "admin_keys_dir", "channels_carrying", "check_channel_values", "check_references", "client_keys_dir", "convert",
     "curve_endpoints", "default_control", "default_state_dir", "ensure_private_dir", "find_config",
-    "is_loopback_host", "load", "parse", "plugin_keys_of", "plugin_table", "private_runtime_dir", "read_key_file",
+    "host_port_problem", "is_loopback_host", "load", "parse", "plugin_keys_of", "plugin_table", "private_runtime_dir", "read_key_file",
     "read_toml", "runtime_dir", "search_order_text", "server_public_key_file", "server_secret_key_file",
     "split_table", "state_path", "table_of", "to_dict", "with_channel", "writable_by_others", "write_keypair",
 ]

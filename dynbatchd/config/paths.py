@@ -81,10 +81,24 @@ def default_state_dir(env: dict[str, str] | None = None) -> str:
     return str(Path.cwd() / "var")
 
 
+class StateDirError(DynbatchdError, OSError):
+    """The state directory cannot be made or used; ``str()`` is one line naming ``daemon.state_dir``.
+    An OSError still, so a caller that carries on without the state directory catches it as one."""
+
+    def __str__(self) -> str:
+        return f"daemon.state_dir: {self.filename}: {self.strerror}"
+
+
 def state_path(settings: "DaemonSettings", name: str) -> Path:
-    """The file ``name`` in the state directory, which is created (mode 0750) if missing."""
+    """The file ``name`` in the state directory, which is created (mode 0750) if missing;
+    StateDirError when it cannot be (a file of that name, no permission, a read-only disk)."""
     directory = Path(settings.state_dir)
-    directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+    try:
+        directory.mkdir(mode=0o750, parents=True, exist_ok=True)
+    except OSError as exc:
+        why = "not a directory" if isinstance(exc, (FileExistsError, NotADirectoryError)) else \
+            f"cannot be created: {exc.strerror or exc}"
+        raise StateDirError(exc.errno or errno.EIO, why, str(directory)) from None
     return directory / name
 
 

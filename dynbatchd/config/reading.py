@@ -103,6 +103,10 @@ def read_toml(path: Path) -> dict[str, Any]:
         return tomllib.loads(raw.decode())
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(str(path), "", f"not valid TOML: {exc}") from None
+    except RecursionError:   # tomllib recurses once per [ or {: thousands of them exhaust the stack
+        raise ConfigError(str(path), "", "not valid TOML: arrays or inline tables nested too deeply") from None
+    except Exception as exc:   # the parser's own failure on bytes it did not expect: still this file's fault
+        raise ConfigError(str(path), "", f"not valid TOML: {type(exc).__name__}: {exc}") from None
 
 
 def load(path: str | Path) -> Config:

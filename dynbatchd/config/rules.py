@@ -13,6 +13,19 @@ from dynbatchd.config.schema import DEVICE_NAME, Config, DeviceSettings
 from dynbatchd.errors import ConfigError
 
 
+HOST_PORT = re.compile(r"^[\w.\-\[\]:]*:(\d{1,5})$")
+
+
+def host_port_problem(listen: str) -> str | None:
+    """Why `listen` is not a TCP HOST:PORT to listen on (the port 1 to 65535), or None."""
+    match = HOST_PORT.match(listen)
+    if not match:
+        return f"{listen!r} is not HOST:PORT"
+    if not 1 <= int(match.group(1)) <= 65535:
+        return f"{listen!r}: the port must be 1 to 65535"
+    return None
+
+
 def channels_carrying(channels: Mapping[str, Any], tag: str, routes: Iterable[Any] = (),
                       spelt: Callable[[str], str] = str) -> set[str]:
     """The channels that carry `tag` traffic: those whose ``carries`` names it, and those a route
@@ -86,8 +99,8 @@ def check_references(cfg: Config) -> None:
                           "daemon.curve = true)")
     if not cfg.daemon.keys_dir:
         raise ConfigError(src, "daemon.keys_dir", "must name a directory")
-    if cfg.daemon.metrics_listen and not re.match(r"^[\w.\-\[\]:]*:\d{1,5}$", cfg.daemon.metrics_listen):
-        raise ConfigError(src, "daemon.metrics_listen", f"{cfg.daemon.metrics_listen!r} is not HOST:PORT")
+    if cfg.daemon.metrics_listen and (problem := host_port_problem(cfg.daemon.metrics_listen)):
+        raise ConfigError(src, "daemon.metrics_listen", problem)
     if cfg.devices.ray is not None:
         _check_ray(src, cfg.devices)
     if isinstance(cfg.devices.use, str) and cfg.devices.use != "auto":
