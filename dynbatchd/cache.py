@@ -168,6 +168,14 @@ class ResultCache:
         self._drop(key)
         return True
 
+    def discard_if(self, doomed: Callable[[Hashable], bool]) -> int:
+        """Erase every entry whose key is `doomed` (a model a reload removed or added: its old
+        answers are not the new model's); how many. Not evictions."""
+        keys = [key for space in (self._main, self._window) for key in space if doomed(key)]
+        for key in keys:
+            self._drop(key)
+        return len(keys)
+
     def _drop(self, key: Hashable) -> None:
         for space in (self._main, self._window):
             old = space.pop(key, None)

@@ -85,6 +85,9 @@ class _Authenticator(AsyncioAuthenticator):
                 except cfgmod.KeyFileError as exc:
                     log.warning("CURVE: key skipped: %s", exc)
                     continue
+                except Exception as exc:   # never the authenticator's end: that refused every client, admins too
+                    log.warning("CURVE: key skipped: %s: %s", key_file, type(exc).__name__)
+                    continue
                 names[public] = key_file.stem
                 if directory == self.admins_dir:
                     admins.add(public)

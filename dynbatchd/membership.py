@@ -77,6 +77,7 @@ class Membership:
         self.failed_models, self._lacking = {}, {}
         self.unloading_models = (self.unloading_models | (set(old.models) - set(new.models))) - set(new.models)
         self.model_specs = {**self.model_specs, **model_specs(new)}
+        self._forget_answers(set(new.models) - set(old.models))   # a name reused: its old answers are not the new model's
         answers = getattr(d, "tenant_answers", None)   # /metrics labels a model it knows by name
         if answers is not None and answers.models is not None:
             answers.models |= set(new.models)
@@ -134,6 +135,14 @@ class Membership:
         reason = self.failed_models.get(model)
         return None if reason is None else f"model {model!r} failed to load: {reason}"
 
+    def _forget_answers(self, models: set[str]) -> None:
+        """Drop the result cache's answers of `models` (keys `intake.cache_key_of`: the model first).
+        A model removed, then added again under its name with other code, answered the old model's
+        cached results until they aged out."""
+        cache = getattr(self.daemon, "cache", None)
+        if cache is not None and models:
+            cache.discard_if(lambda key: key[0] in models)
+
     def unload_drained_models(self) -> None:
         """Removed models with nothing of them queued or running any more leave the workers."""
         d = self.daemon
@@ -142,6 +151,7 @@ class Membership:
             return
         self.unloading_models = self.unloading_models - drained
         self.model_specs = {n: spec for n, spec in self.model_specs.items() if n not in drained}
+        self._forget_answers(drained)
         if d.pool is not None:
             d.pool.set_models(self._held(d.config))
         log.info("model %s unloaded: every request accepted for it was answered", ", ".join(sorted(drained)))

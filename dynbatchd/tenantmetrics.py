@@ -5,7 +5,9 @@ An SRE asks "who is being refused?": a counter per (tenant, model, code) answers
 label per tenant would give Prometheus one series per tenant ever seen. So only the `top`
 tenants with the most requests get series of their own; the rest count under the tenant
 label ``(other)``, and requests that name no tenant under ``(none)``. Models outside the
-configuration (answered unknown_model) count as ``(unknown)``; codes are the protocol's.
+configuration (answered unknown_model) count as ``(unknown)``; codes are the protocol's. A tenant
+a client names ``(other)`` or ``(none)`` is labelled ``tenant (other)`` or ``tenant (none)``: else
+it would pose as those buckets, and a named ``(other)`` printed a second series of that label.
 
 Which tenants are named: the first `top` seen, then a tenant whose requests (counted in a
 bounded Space-Saving sketch of `CANDIDATES` x `top` tenants) pass twice those of the least
@@ -25,6 +27,7 @@ from typing import Any, Iterable, Mapping
 TOP_TENANTS = 20        # tenants with series of their own
 CANDIDATES = 8          # the sketch of candidates holds this many times TOP_TENANTS tenants
 OTHER, NONE, UNKNOWN = "(other)", "(none)", "(unknown)"
+RESERVED = frozenset((OTHER, NONE))   # tenant labels of the buckets, never a client's tenant's
 PROMOTE_FACTOR = 2
 PENDING_KINDS = 1024    # kinds of answers the reply path may hold in `pending` before they are counted
 
@@ -59,7 +62,7 @@ class TenantAnswers:
         in one pass per kind, in one call (this runs on the daemon's reply path)."""
         models, requests = self.models, self._requests
         for (tenant, model, code), n in answers.items():
-            name = NONE if tenant is None else tenant
+            name = NONE if tenant is None else tenant if tenant not in RESERVED else "tenant " + tenant
             if models is not None and model not in models:
                 model = UNKNOWN
             seen = requests.get(name)

@@ -67,6 +67,9 @@ def _valid_z85_key(key: bytes) -> bool:
         return False
 
 
+KEY_FILE_BYTES = 64 * 1024   # a key file holds ~200 bytes; pyzmq reads the whole file
+
+
 def read_key_file(path: str | os.PathLike, *, secret: bool = False) -> tuple[bytes, bytes | None]:
     """(public, secret or None) z85 keys of a key file; `secret`: the file must hold the secret half.
 
@@ -78,15 +81,17 @@ def read_key_file(path: str | os.PathLike, *, secret: bool = False) -> tuple[byt
     path = Path(path)
     try:
         info = path.stat()
+        if not stat.S_ISREG(info.st_mode):   # before any open: a FIFO's open blocks (the event loop, in the daemon)
+            raise KeyFileError(f"{path}: not a file")
+        if info.st_size > KEY_FILE_BYTES:
+            raise KeyFileError(f"{path}: larger than {KEY_FILE_BYTES // 1024} KiB: not a key file")
         with path.open("rb"):
             pass
     except OSError as exc:
         raise KeyFileError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    if not stat.S_ISREG(info.st_mode):
-        raise KeyFileError(f"{path}: not a file")
     try:
         public, secret_key = load_certificate(path)
-    except (ValueError, OSError):
+    except Exception:   # pyzmq's parser: ValueError, or IndexError on a "public-key" line without "="
         raise KeyFileError(f"{path}: no public-key line: not a key file (dynbatchctl keygen writes them)") from None
     if not _valid_z85_key(public):
         raise KeyFileError(f"{path}: public-key is not a Z85 CURVE key (40 characters)")

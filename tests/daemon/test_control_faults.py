@@ -228,3 +228,27 @@ def test_end_to_end_a_reload_adding_a_model_that_cannot_load_shows_it_failed(tmp
         assert "no_such_function" in failed["broken"]           # and status says it too
     finally:
         daemon.stop()
+
+
+def test_a_reload_forgets_the_cached_answers_of_a_model_name_it_adds_or_unloads():
+    """Found by fuzzing: m1 removed, then added again with other code, answered the old m1's cached
+    results. Answers are keyed (model, tenant, text): a name reused must start empty."""
+    from dynbatchd.cache import ResultCache
+    from dynbatchd.engine.intake import cache_key_of
+
+    pool = FakePool(1)
+    daemon = FakeDaemon(config("a", "b"), pool)
+    daemon.cache = ResultCache(100)
+    for model in ("a", "b"):
+        daemon.cache.put(cache_key_of(model, None, "same text"), f"{model}'s answer", "always")
+    m = daemon.membership
+    daemon.config = config("a")
+    m.change_models(config("a", "b"), daemon.config)     # b removed: kept while its requests drain
+    assert cache_key_of("b", None, "same text") in daemon.cache
+    m.unload_drained_models()                             # nothing of b left: unloaded, its answers forgotten
+    assert cache_key_of("b", None, "same text") not in daemon.cache
+    daemon.cache.put(cache_key_of("b", None, "same text"), "a stale answer", "always")   # (say, put late)
+    daemon.config = config("a", "b")
+    m.change_models(config("a"), daemon.config)           # b added again: starts empty
+    assert cache_key_of("b", None, "same text") not in daemon.cache
+    assert daemon.cache.get(cache_key_of("a", None, "same text")) == "a's answer"

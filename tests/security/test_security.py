@@ -240,6 +240,30 @@ def test_key_files_that_will_not_do_are_one_line_naming_the_file(tmp_path):
         cfgmod.read_key_file(tmp_path / "short.key")
 
 
+def test_a_key_file_that_is_no_file_or_half_a_line_is_a_key_file_error_at_once(tmp_path):
+    """Found by fuzzing: "public-key" without "=" made pyzmq raise IndexError (a traceback from the
+    CLI, and the daemon's ZAP handler ended, refusing every client); a FIFO's open blocked for ever."""
+    import os
+    import threading
+
+    (tmp_path / "half.key").write_text("public-key\n")
+    with pytest.raises(cfgmod.KeyFileError, match="not a key file"):
+        cfgmod.read_key_file(tmp_path / "half.key")
+    (tmp_path / "big.key").write_bytes(b"#" * (cfgmod.keys.KEY_FILE_BYTES + 1))
+    with pytest.raises(cfgmod.KeyFileError, match="larger than"):
+        cfgmod.read_key_file(tmp_path / "big.key")
+    os.mkfifo(tmp_path / "fifo.key")
+    raised: list[Exception] = []
+    reader = threading.Thread(target=lambda: raised.append(pytest.raises(
+        cfgmod.KeyFileError, cfgmod.read_key_file, tmp_path / "fifo.key").value), daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():   # (unblock the open, so the thread ends, then fail)
+        os.close(os.open(tmp_path / "fifo.key", os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading a FIFO key file blocked")
+    assert raised and "not a file" in str(raised[0])
+
+
 def test_curve_on_needs_the_server_key_pair_and_a_clients_directory(tmp_path, plugins):
     keys = tmp_path / "keys"
     text = f'[daemon]\nlisten = "tcp://127.0.0.1:5555"\ncurve = true\nkeys_dir = "{keys}"\n' + BASE

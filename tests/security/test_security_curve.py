@@ -257,3 +257,20 @@ def test_the_daemon_with_curve_serves_admitted_clients_only(tmp_path, keys):
     assert code == 0, logged
     assert "CURVE: 1 client keys admitted" in logged and "refused a client" in logged
     assert "let me in" not in logged
+
+
+def test_a_malformed_key_file_beside_good_ones_is_skipped_and_the_others_still_admitted(keys, caplog):
+    """Found by fuzzing: a clients/ file holding "public-key" without "=" raised out of the re-read,
+    ending the ZAP handler, and every client and admin was refused until a restart."""
+    from dynbatchd.curve import _Authenticator
+
+    (keys.dir / "clients" / "evil.key").write_text("public-key\n")
+    ctx = zmq.Context()
+    try:
+        auth = _Authenticator(ctx, "global", keys.dir / "clients")
+        with caplog.at_level(logging.WARNING, logger="dynbatchd"):
+            auth.reload_if_changed()
+        assert list(auth.key_names.values()) == ["alice"]
+        assert "evil.key" in caplog.text and "key skipped" in caplog.text
+    finally:
+        ctx.term()

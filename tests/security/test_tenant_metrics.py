@@ -65,6 +65,19 @@ def test_no_tenant_and_unknown_models_have_labels_of_their_own():
     assert answers.snapshot()["answers"] == [[NONE, "m", "ok", 1], ["t", UNKNOWN, "unknown_model", 1]]
 
 
+def test_a_tenant_named_like_a_bucket_neither_poses_as_it_nor_repeats_its_series():
+    """Found by fuzzing: a client's tenant "(other)" was named beside the (other) bucket, so the page
+    had two series of one label set; "(none)" was counted with requests that name no tenant."""
+    answers = TenantAnswers(top=4, models=["m"])
+    for tenant in (None, NONE, "a", OTHER, "b", "c", OTHER):   # b, c: past the top, into (other)
+        answers.count(tenant, "m", "ok")
+    rows = answers.snapshot()["answers"]
+    labels = [(t, m, c) for t, m, c, _ in rows]
+    assert len(labels) == len(set(labels)), rows
+    assert sorted(rows) == sorted([[NONE, "m", "ok", 1], ["tenant " + NONE, "m", "ok", 1], ["a", "m", "ok", 1],
+                                   ["tenant " + OTHER, "m", "ok", 2], [OTHER, "m", "ok", 2]]), rows
+
+
 def page_with_tenants(n: int) -> str:
     answers = TenantAnswers(models=["sim"])
     for i in range(n):
