@@ -139,6 +139,34 @@ def test_tenants_remembered_are_bounded(monkeypatch):
     assert len(quotas.snapshot()) <= 101
 
 
+def test_tenants_are_bounded_when_no_bucket_refills_between_new_names(monkeypatch):
+    """Found by fuzzing: at a rate below a request a second, no bucket had refilled by the next
+    new name, so each new name swept the whole table and freed nothing (65 ms each at 100,000)."""
+    monkeypatch.setattr(Q, "MAX_IDLE_TENANTS", 100)
+    clock = Clock()
+    conf = settings(rate=0.001, inflight=5)
+    quotas = Quotas(conf, clock)
+    sweeps = 0
+    sweep = quotas._forget_idle
+
+    def counted(now_ns):
+        nonlocal sweeps
+        sweeps += 1
+        sweep(now_ns)
+
+    quotas._forget_idle = counted
+    held = quotas.admit(conf, "holder", "its token")   # a tenant holding a request is never forgotten
+    assert held is None
+    for i in range(1000):
+        clock.now += 1_000_000   # 1 ms: no bucket refills
+        token = object()
+        assert quotas.admit(conf, f"t{i}", token) is None
+        quotas.release(token)
+    assert len(quotas.snapshot()) <= 101
+    assert sweeps <= 1000 // 25, sweeps   # each sweep frees a quarter of the table: not one per new name
+    assert "holder" in quotas._tenants
+
+
 def test_holding_says_whether_any_answer_has_a_place_to_give_back():
     clock = Clock()
     off, on = settings(), settings(inflight=1)
