@@ -57,6 +57,23 @@ def start_daemon(tmp: Path, body: str, *, ready_timeout: float = 180, daemon_ext
     return daemon.start(ready_timeout)
 
 
+def start_tiny_generative(tmp: Path, model_dir: Path | str, *, kv_budget_tokens: int = 400,
+                          extra: str = "") -> RunningDaemon:
+    """A daemon serving the bundled tiny causal LM (`model_dir`, `build_tiny_causal_lm`) as ``tiny``,
+    12 new tokens at most, one channel of 8 with no window; `extra`: more of the config (``[http]``)."""
+    return start_daemon(tmp, f"""
+        [models.tiny]
+        runner = "causal-lm"
+        options = {{ path = "{model_dir}", max_new_tokens = 12, kv_budget_tokens = {kv_budget_tokens} }}
+        [channels.standard]
+        max_batch = 8
+        window_ms = 0
+        deadline_ms = 60000
+        [routing]
+        default = "standard"
+    """ + textwrap.dedent(extra), cpu_threads=1)
+
+
 SIMULATED = """
     [models.sim]
     runner = "simulated"

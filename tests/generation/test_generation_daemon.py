@@ -7,7 +7,7 @@ import msgspec
 import pytest
 import zmq
 
-from conftest import start_daemon
+from conftest import start_tiny_generative
 
 from dynbatchd import protocol as P
 
@@ -25,17 +25,7 @@ def served(tmp_path_factory):
     runner = CausalLMRunner("cpu", {"path": str(path), "max_new_tokens": 12})
     runner.load()
     expected = {p: runner.generate([p])[0] for p in PROMPTS}   # one at a time, greedy
-    daemon = start_daemon(tmp, f"""
-        [models.tiny]
-        runner = "causal-lm"
-        options = {{ path = "{path}", max_new_tokens = 12, kv_budget_tokens = 400 }}
-        [channels.standard]
-        max_batch = 8
-        window_ms = 0
-        deadline_ms = 60000
-        [routing]
-        default = "standard"
-    """, cpu_threads=1)
+    daemon = start_tiny_generative(tmp, path, kv_budget_tokens=400)
     yield daemon, expected
     daemon.stop()
 

@@ -14,7 +14,7 @@ import zmq
 
 pytest.importorskip("transformers")
 
-from conftest import start_daemon  # noqa: E402
+from conftest import start_tiny_generative  # noqa: E402
 
 from dynbatchd import protocol as P  # noqa: E402
 from dynbatchd.devices import causal_lm  # noqa: E402
@@ -164,17 +164,7 @@ def test_stop_strings_at_the_cap_change_nothing_until_one_comes(runner):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, model_dir, runner):
     tmp = tmp_path_factory.mktemp("genfaults")
-    daemon = start_daemon(tmp, f"""
-        [models.tiny]
-        runner = "causal-lm"
-        options = {{ path = "{model_dir}", max_new_tokens = 12, kv_budget_tokens = 2000 }}
-        [channels.standard]
-        max_batch = 8
-        window_ms = 0
-        deadline_ms = 60000
-        [routing]
-        default = "standard"
-    """, cpu_threads=1)
+    daemon = start_tiny_generative(tmp, model_dir, kv_budget_tokens=2000)
     yield daemon
     daemon.stop()
 

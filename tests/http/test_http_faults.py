@@ -22,6 +22,7 @@ import pytest
 
 from conftest import free_port, start_daemon
 from helpers import wait_until
+from test_http_hostile import read_reply   # (tests/http)
 
 BODY = """
     [models.enc]
@@ -69,21 +70,6 @@ def call(daemon, path: str, body=None, headers=None, raw: bytes | None = None):
             return reply.status, json.loads(reply.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read())
-
-
-def read_reply(sock: socket.socket) -> tuple[int, bytes]:
-    """One reply on a kept-alive connection."""
-    got = b""
-    while b"\r\n\r\n" not in got:
-        chunk = sock.recv(65536)
-        assert chunk, "the server closed the connection"
-        got += chunk
-    head, _, body = got.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    length = next(int(v) for k, _, v in (line.partition(":") for line in lines[1:]) if k.lower() == "content-length")
-    while len(body) < length:
-        body += sock.recv(65536)
-    return int(lines[0].split()[1]), body
 
 
 # -- 1. parameters.deadline_ms ------------------------------------------------------

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import free_port, start_daemon
+from conftest import free_port, start_tiny_generative
 from helpers import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -21,19 +21,7 @@ def served(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("genhttp")
     path = build_tiny_causal_lm(tmp / "tiny")
     port = free_port()
-    daemon = start_daemon(tmp, f"""
-        [models.tiny]
-        runner = "causal-lm"
-        options = {{ path = "{path}", max_new_tokens = 12, kv_budget_tokens = 400 }}
-        [channels.standard]
-        max_batch = 8
-        window_ms = 0
-        deadline_ms = 60000
-        [routing]
-        default = "standard"
-        [http]
-        listen = "127.0.0.1:{port}"
-    """, cpu_threads=1)
+    daemon = start_tiny_generative(tmp, path, kv_budget_tokens=400, extra=f'[http]\nlisten = "127.0.0.1:{port}"\n')
     daemon.port = port
     yield daemon
     daemon.stop()
