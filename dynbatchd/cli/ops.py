@@ -117,6 +117,8 @@ def forget(ctx: typer.Context, user: str = typer.Argument(..., help="The user id
     what was erased, as counts. The audit log records it with the user id's
     keyed hash, never the id or an input. Needs an admin key over tcp://.
     """
+    if not user:   # (a usage error, as every other: the daemon would refuse it, exit 1)
+        raise fail("forget needs a user id, not an empty one", 2)
     data = control(ctx, "forget", user=user, **({"tenant": tenant} if tenant is not None else {}))
     if as_json:
         emit_json(data)
@@ -154,8 +156,8 @@ def keygen(name: str = typer.Argument("client", help="File name: NAME.key and NA
     where = directory or user_keys_dir()
     try:
         public_file, secret_file, public = cfgmod.write_keypair(where, name, force=force)
-    except FileExistsError as exc:
-        raise fail(exc.strerror or str(exc), 1) from None
+    except FileExistsError as exc:   # (a key file there already, or --dir a file: name the path either way)
+        raise fail(f"{exc.filename or where}: {exc.strerror or exc}", 1) from None
     except ValueError as exc:
         raise fail(str(exc), 2) from None
     except OSError as exc:

@@ -223,6 +223,15 @@ def test_keygen_refuses_a_name_that_is_a_path(tmp_path):
     assert result.exit_code == 2 and "not a key name" in result.output
 
 
+def test_keygen_into_a_dir_that_is_a_file_names_the_path_and_forget_of_no_user_is_usage(tmp_path):
+    """Found by fuzzing: `keygen z --dir FILE` said only "File exists"; `forget ""` exited 1."""
+    (tmp_path / "afile").write_text("")
+    result = CliRunner().invoke(ctl.app, ["keygen", "z", "--dir", str(tmp_path / "afile")])
+    assert result.exit_code == 1 and str(tmp_path / "afile") in result.output, result.output
+    result = CliRunner().invoke(ctl.app, ["forget", ""])
+    assert result.exit_code == 2 and "needs a user id" in result.output, result.output
+
+
 def test_key_files_that_will_not_do_are_one_line_naming_the_file(tmp_path):
     public_file, secret_file, _ = cfgmod.write_keypair(tmp_path, "c")
     with pytest.raises(cfgmod.KeyFileError, match="has no secret-key"):
