@@ -65,14 +65,15 @@ class CanaryOperations:
         self.daemon._schedule_pump()
         return self.report()
 
-    def stop(self, channel: str) -> dict[str, Any]:
-        """End a running canary now, as a rollback."""
+    def stop(self, channel: str, why: str = "stopped by the operator") -> dict[str, Any]:
+        """End a running canary now, as a rollback; `why`: the verdict's reason (a reload that
+        removes its channel says so)."""
         from dynbatchd.tuning.canary import ROLLBACK, Verdict
 
         split = self.daemon.engine.splits_running().get(channel)
         if split is None:
             raise KeyError(channel)
-        self.daemon.engine.end_split(channel, Verdict(ROLLBACK, "stopped by the operator",
+        self.daemon.engine.end_split(channel, Verdict(ROLLBACK, why,
                                                split.judge.figures(self.daemon.clock())))
         self.daemon.operations.carry_out(self.daemon.engine.take_events())
         return self.report()

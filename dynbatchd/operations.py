@@ -170,7 +170,7 @@ class Operations:
             d.engine.add_channel(rebuilt[name])
         for name in set(old.channels) - set(new.channels):
             if name in d.engine.splits_running():
-                d.canary.stop(name)
+                d.canary.stop(name, "its channel was removed by a reload")
             d.engine.retire_channel(name)
         d.config = msgspec.structs.replace(new, **{key: getattr(old, key) for key in needs_restart})
         d.intake.config = d.config

@@ -114,3 +114,18 @@ def test_a_canary_is_checked_like_a_tune(daemon):
         daemon.call("canary", action="start", channel="standard", max_batch=0)
     with pytest.raises(Error, match="no canary"):
         daemon.call("canary", action="stop", channel="standard")
+
+
+def test_a_reload_that_removes_a_canarys_channel_ends_it_saying_so(tmp_path):
+    """Found by fuzzing: the canary ended as "stopped by the operator", which nobody had done."""
+    extra = "    [channels.extra]\n    max_batch = 2\n    window_ms = 1\n    deadline_ms = 300\n"
+    d = start_daemon(tmp_path, BODY + extra)
+    try:
+        d.call("canary", action="start", channel="extra", max_batch=4, share=0.3, seconds=60)
+        assert "extra" in d.call("canary")["running"]
+        d.config.write_text(d.config.read_text().replace("[channels.extra]", "[channels.gone]"))
+        d.call("reload", timeout_s=30)
+        ended_ = d.call("canary")["ended"]["extra"]
+        assert ended_["action"] == "rollback" and ended_["reason"] == "its channel was removed by a reload"
+    finally:
+        d.stop()
