@@ -74,6 +74,18 @@ def start_tiny_generative(tmp: Path, model_dir: Path | str, *, kv_budget_tokens:
     """ + textwrap.dedent(extra), cpu_threads=1)
 
 
+def start_tiny_generative_http(tmp: Path) -> RunningDaemon:
+    """`start_tiny_generative` on a tiny model built in `tmp`, with its HTTP door on a free port
+    (the daemon's `port`)."""
+    from dynbatchd.generation.tinymodel import build_tiny_causal_lm
+
+    port = free_port()
+    daemon = start_tiny_generative(tmp, build_tiny_causal_lm(tmp / "tiny"),
+                                   extra=f'[http]\nlisten = "127.0.0.1:{port}"\n')
+    daemon.port = port
+    return daemon
+
+
 SIMULATED = """
     [models.sim]
     runner = "simulated"

@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import urllib.error
-import urllib.request
 
 import pytest
 
 from conftest import free_port, start_daemon
 from helpers import wait_until
-from test_http_hostile import read_reply   # (tests/http)
+from test_http_hostile import call, read_reply   # (tests/http)
 
 BODY = """
     [models.enc]
@@ -59,17 +57,6 @@ def daemon(tmp_path_factory):
     yield running
     assert running.stop() == 0, running.log_tail()
     assert "Traceback" not in running.logs()
-
-
-def call(daemon, path: str, body=None, headers=None, raw: bytes | None = None):
-    data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    request = urllib.request.Request(daemon.http + path, data=data,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=60) as reply:
-            return reply.status, json.loads(reply.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
 
 
 # -- 1. parameters.deadline_ms ------------------------------------------------------

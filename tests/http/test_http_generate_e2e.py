@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import free_port, start_tiny_generative
+from conftest import start_tiny_generative_http
 from helpers import wait_until
 
 pytestmark = pytest.mark.e2e
@@ -16,13 +16,7 @@ pytestmark = pytest.mark.e2e
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from dynbatchd.generation.tinymodel import build_tiny_causal_lm
-
-    tmp = tmp_path_factory.mktemp("genhttp")
-    path = build_tiny_causal_lm(tmp / "tiny")
-    port = free_port()
-    daemon = start_tiny_generative(tmp, path, kv_budget_tokens=400, extra=f'[http]\nlisten = "127.0.0.1:{port}"\n')
-    daemon.port = port
+    daemon = start_tiny_generative_http(tmp_path_factory.mktemp("genhttp"))
     yield daemon
     daemon.stop()
 

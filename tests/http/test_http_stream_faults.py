@@ -12,7 +12,7 @@ import socket
 import h11
 import pytest
 
-from conftest import free_port, start_tiny_generative
+from conftest import start_tiny_generative_http
 
 from dynbatchd import protocol as P
 from dynbatchd_plugins.httpstream import HttpStreaming
@@ -84,13 +84,7 @@ def test_a_hang_up_while_the_answer_is_made_withdraws_it():
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from dynbatchd.generation.tinymodel import build_tiny_causal_lm
-
-    tmp = tmp_path_factory.mktemp("httpfaults")
-    path = build_tiny_causal_lm(tmp / "tiny")
-    port = free_port()
-    daemon = start_tiny_generative(tmp, path, kv_budget_tokens=400, extra=f'[http]\nlisten = "127.0.0.1:{port}"\n')
-    daemon.port = port
+    daemon = start_tiny_generative_http(tmp_path_factory.mktemp("httpfaults"))
     yield daemon
     daemon.stop()
 
