@@ -176,7 +176,11 @@ def status(ctx: typer.Context, as_json: bool = JsonOption,
     """Per-channel queues and batching, per-device workers (fits the terminal; --wide shows all)."""
     data = _control(ctx, "status")
     if compliance:
-        summary = data.get("compliance") or {"decisions": [], "recent": [], "audit_log": None}
+        if "compliance" not in data:   # a client key's status: the daemon withholds the audit
+            raise fail("status --compliance needs an admin key: the daemon shows the compliance audit "
+                       "(other tenants' refusals) only to keys in keys_dir/admins/, and this key is a "
+                       "client's", 1)
+        summary = data["compliance"] or {"decisions": [], "recent": [], "audit_log": None}
         if as_json:
             _emit_json(summary)
         else:

@@ -220,6 +220,10 @@ def test_the_daemon_lets_clients_read_and_admins_change_and_stop_it(tmp_path, ke
     try:
         status = dynbatchctl(keys.alice_secret, "status", "--json")
         assert status.returncode == 0 and json.loads(status.stdout)["daemon"]["state"] == "serving", status.stderr
+        audit = dynbatchctl(keys.alice_secret, "status", "--compliance")   # withheld, and said so
+        assert audit.returncode == 1 and audit.stderr.count("\n") == 1, audit.stderr
+        assert "error: status --compliance needs an admin key" in audit.stderr
+        assert dynbatchctl(keys.bob_secret, "status", "--compliance", "--json").returncode == 0
         for args in (("tune", "standard", "--max-batch", "4"), ("config",), ("stop",)):
             refused = dynbatchctl(keys.alice_secret, *args)
             assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stderr
