@@ -77,6 +77,7 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
         self._server: asyncio.AbstractServer | None = None
         self._connections: dict[asyncio.Task, bool] = {}   # each connection's task: busy with a request?
         self._in_progress = 0
+        self._body_bytes = 0   # of the bodies being read, all connections: at most max_body_bytes
         self._closing = False
 
     # -- one connection ------------------------------------------------------
@@ -267,8 +268,10 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
         """The body, within ``[daemon] max_request_bytes`` (the ZeroMQ socket's bound; 413 beyond,
         before reading it when Content-Length says so) and body_timeout_s (408)."""
         limit, timeout = self.api.max_request_bytes, self.settings.body_timeout_s
-        if int(headers.get("content-length") or 0) > limit:
+        declared = int(headers.get("content-length") or 0)
+        if declared > limit:
             raise HttpError(P.BAD_REQUEST, f"the body exceeds max_request_bytes ({limit})", 413)
+        held = self._hold_body_bytes(0, declared)   # before the 100 Continue: a client told to wait sends nothing
         if conn.they_are_waiting_for_100_continue:
             writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
         chunks, size = [], 0
@@ -278,6 +281,7 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
                     size += len(event.data)
                     if size > limit:
                         raise HttpError(P.BAD_REQUEST, f"the body exceeds max_request_bytes ({limit})", 413)
+                    held = self._hold_body_bytes(held, size)
                     chunks.append(event.data)
         except TimeoutError:
             log.info("HTTP client %s sent %d bytes of the body of request %s in %gs: answered 408", peer, size,
@@ -289,9 +293,23 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
             log.info("HTTP client %s sent a malformed body for request %s: answered 400", peer,
                      headers[":request-id"], extra=request_fields(headers[":request-id"]))
             raise HttpError(P.BAD_REQUEST, "malformed HTTP body")
+        finally:
+            self._body_bytes -= held
         if isinstance(event, h11.ConnectionClosed):
             raise ClientGone(f"{size} bytes of its body sent")
         return b"".join(chunks)
+
+    def _hold_body_bytes(self, held: int, size: int) -> int:
+        """Count a body of `size` bytes (its Content-Length, or what has come of it) against the door's
+        max_body_bytes for all bodies being read, where `held` were counted; 429 beyond. A budget of
+        less than one max_request_bytes body still admits one, alone."""
+        more = max(size - held, 0)
+        budget = max(self.settings.max_body_bytes, self.api.max_request_bytes)
+        if more and self._body_bytes + more > budget:
+            raise HttpError(P.OVERLOADED, f"the HTTP door is reading max_body_bytes ({budget}) of request "
+                                          "bodies at once")
+        self._body_bytes += more
+        return held + more
 
     @staticmethod
     def _reply_bytes(conn: h11.Connection, status: int, body: bytes, headers: list, *, close: bool) -> bytes:

@@ -19,7 +19,8 @@ from dynbatchd.hookspecs import hookimpl
 
 class HttpSettings(Frozen, kw_only=True):
     """The HTTP front door (`dynbatchd_plugins.http`): off while `listen` is empty.
-    The limits bound what one client can make the door hold: inputs, requests, connections, head, time."""
+    The limits bound what one client can make the door hold: inputs, requests, connections, head, time,
+    and what all of them can together: the bodies being read (max_body_bytes)."""
     table_key: ClassVar[str] = "http"   # the top-level [http], not [plugins.http]
 
     listen: str = ""
@@ -30,6 +31,7 @@ class HttpSettings(Frozen, kw_only=True):
     max_header_bytes: Annotated[int, Meta(ge=1024, le=1 << 20)] = 16_384    # a request's head; 431 beyond
     header_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0          # for a request's head; 408 then
     body_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 30.0            # for its body, or its reply's sending
+    max_body_bytes: Annotated[int, Meta(ge=1024, le=1 << 40)] = 64 << 20     # being read, all connections; 429 beyond
     keys: bool = False       # API keys required: hashes in KEYS_DIR/http/ (dynbatchctl keygen --http NAME)
     tls_cert: str = ""       # PEM certificate chain: HTTPS on the same listener (with tls_key)
     tls_key: str = ""        # PEM private key of tls_cert

@@ -307,6 +307,35 @@ def test_a_body_declared_larger_than_the_bound_is_413_at_once(daemon):
     assert status == 413 and json.loads(reply)["error"]["code"] == "bad_request", reply
 
 
+def test_bodies_being_read_together_are_bounded_by_max_body_bytes(tmp_path):
+    """Slow bodies on many connections once held up to max_connections x max_request_bytes (1 GiB by
+    default). A body counts its Content-Length, or what has come of a chunked one, while it is read."""
+    port = free_port()
+    daemon = start_daemon(tmp_path, (BODY % port).replace("max_requests = 2", "max_body_bytes = 6000"),
+                          daemon_extra="max_request_bytes = 4096")
+    wait_100 = "Expect: 100-continue\r\n"
+    body = (b'{"model": "enc", "input": "%s"}' % MARKER.encode()).ljust(4000)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as first:
+            first.sendall(post_head("/v1/embeddings", 4000, wait_100))
+            assert first.recv(65536).startswith(b"HTTP/1.1 100 "), "the door did not take the first body"
+            status, reply = exchange(port, post_head("/v1/embeddings", 4000, wait_100))   # 8000 > 6000
+            assert status == 429 and json.loads(reply)["error"]["code"] == "overloaded", reply
+            assert "max_body_bytes (6000)" in json.loads(reply)["error"]["message"]
+            chunked = ("POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       "Transfer-Encoding: chunked\r\n\r\n").encode()
+            status, reply = exchange(port, chunked + b"5dc\r\n" + b" " * 1500 + b"\r\n3e8\r\n" + b" " * 1000)
+            assert status == 429, reply   # 4000 + 2500 > 6000 as it arrives
+            first.sendall(body)
+            assert read_reply(first)[0] == 200
+        for _ in range(2):   # what was counted is given back: a body of 4000 fits again, and again
+            status, reply = exchange(port, post_head("/v1/embeddings", 4000, "Connection: close\r\n") + body)
+            assert status == 200, reply
+    finally:
+        assert daemon.stop() == 0
+    assert MARKER not in daemon.logs() and "Traceback" not in daemon.logs()
+
+
 @pytest.mark.parametrize("extra", ["".join(f"X-Pad-{i}: v\r\n" for i in range(2000)),
                                    "X-Pad: " + "v" * 100_000 + "\r\n",
                                    "X-Pad: " + "v" * 40_000 + "\r\n"])
