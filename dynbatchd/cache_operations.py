@@ -41,7 +41,8 @@ class CacheOperations:
         settings = config.top_users
         if not settings.users:
             return None
-        options = {"pseudonym": self._pseudonyms(config), "retain_days": settings.retain_days}
+        options = {"pseudonym": self._pseudonyms(config), "retain_days": settings.retain_days,
+                   "max_text_bytes": settings.max_text_bytes, "text_budget": settings.text_budget_bytes}
         texts = settings.inputs_per_user if self.daemon.cache is not None else 0
         try:
             path = self.top_users_path()

@@ -180,9 +180,10 @@ class Operations:
         return needs_restart
 
     def needs_restart(self, new: Config) -> list[str]:
-        """The sections `new` changes that only a restart applies (models, on a pool that cannot load live)."""
+        """The sections `new` changes that only a restart applies (models, on a pool that cannot load live;
+        the top-users sketch, built at start)."""
         old = self.daemon.config
-        keys = [key for key in ("daemon", "devices", "cache")
+        keys = [key for key in ("daemon", "devices", "cache", "top_users")
                 if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
         return keys + (["models"] if self.daemon.membership.models_need_restart(old, new) else [])
 

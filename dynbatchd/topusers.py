@@ -26,8 +26,8 @@ users = 0`` turns it off.
 - Bytes: a text over `MAX_TEXT_BYTES` (16 KiB of UTF-8) is counted but not kept, and the texts
   kept hold at most `TEXT_BUDGET` bytes (64 MiB) in all, in memory and so in the file: past it,
   the least asked texts (the oldest first among equals) are dropped until a quarter of the budget
-  is free again. Both are constructor arguments; a file saved under larger bounds is cut to these
-  at load. A warmup input is a request's text, which is rarely long; without a bound, a thousand
+  is free again. Both are constructor arguments (``[top_users] max_text_bytes`` and
+  ``text_budget_bytes``); a file saved under larger bounds is cut to these at load. A warmup input is a request's text, which is rarely long; without a bound, a thousand
   users sending 1 MiB each would hold a gigabyte for a cache that warms short inputs.
 - Users are kept as a keyed hash of their id (`dynbatchd.pseudonyms`), never by
   name: counting needs only a stable id, and `forget` hashes the name it is

@@ -148,6 +148,8 @@ class TopUsersSettings(Frozen, kw_only=True):
     inputs_per_user: Annotated[int, Meta(ge=1, le=1024)] = 4
     save_every_s: Annotated[float, Meta(ge=1, le=86_400 * 7)] = 300.0
     retain_days: Annotated[float, Meta(gt=0, le=3650)] = 30.0   # texts and users unseen this long are dropped
+    max_text_bytes: Annotated[int, Meta(ge=1, le=1 << 20)] = 16 << 10          # a longer text is counted, not kept
+    text_budget_bytes: Annotated[int, Meta(ge=1 << 10, le=1 << 36)] = 64 << 20   # of the texts kept, in all
 
 
 Rate = Annotated[float, Meta(ge=0, le=1e9)]

@@ -2,7 +2,8 @@
 thousands deep (a RecursionError in the parser) is one ConfigError naming the file, in
 check-config and as the tuning drop-in; a ``daemon.state_dir`` that is a file stops ``start`` with
 one line naming the key; a top-users file whose counts would overflow on the next save is refused
-as it is read."""
+as it is read. The sketch's byte bounds are ``[top_users]`` keys, and a reload that changes the
+table says it needs a restart instead of keeping the old sketch silently."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgspec
 import pytest
 from typer.testing import CliRunner
 
 from dynbatchd import config as cfgmod
+from dynbatchd.cache_operations import CacheOperations
 from dynbatchd.cli.dynbatchd import app as daemon_app
 from dynbatchd.config.paths import StateDirError
 from dynbatchd.overrides import Overrides
@@ -122,3 +125,31 @@ def test_a_listen_port_past_65535_or_0_names_the_key(tmp_path, table, key):
     path = tmp_path / "ok.toml"
     path.write_text(BASE + table.format(port=65535))
     cfgmod.load(path)
+
+
+def test_the_top_users_byte_bounds_come_from_the_config(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(BASE + textwrap.dedent(f"""
+        [daemon]
+        state_dir = "{tmp_path}"
+        [top_users]
+        max_text_bytes = 100
+        text_budget_bytes = 4096
+    """))
+    config = cfgmod.load(path)
+    daemon = SimpleNamespace(cache=object(), config=config)   # the cache on: texts are kept
+    sketch = CacheOperations(daemon).load_top_users(config)
+    assert (sketch.max_text_bytes, sketch.text_budget) == (100, 4096)
+    sketch.observe(None, "bob", "m", "x" * 101)
+    sketch.observe(None, "bob", "m", "y" * 100)
+    [(_, _, count, inputs)] = sketch.top(1)
+    assert count == 2 and inputs == [("m", "y" * 100)]   # the longer text counted, not kept
+
+
+@pytest.mark.parametrize("key, value", [("max_text_bytes", 0), ("max_text_bytes", 2 << 20),
+                                        ("text_budget_bytes", 10)])
+def test_a_top_users_byte_bound_out_of_range_names_the_key(tmp_path, key, value):
+    path = tmp_path / "c.toml"
+    path.write_text(BASE + f"[top_users]\n{key} = {value}\n")
+    with pytest.raises(cfgmod.ConfigError, match=f"top_users.{key}"):
+        cfgmod.load(path)

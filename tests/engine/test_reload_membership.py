@@ -1,13 +1,17 @@
 """The daemon's side of a reload that adds and removes models (`dynbatchd.membership`), with the
 real engine, a fake clock and a fake device pool: an added model is loading until a worker has it;
 a removed one stays on the workers until no request of it is queued or running; a pool that
-cannot load models live (Ray) reports models as needing a restart."""
+cannot load models live (Ray) reports models as needing a restart, as does a change to a section
+read only at start (the top-users sketch among them)."""
 
 from __future__ import annotations
+
+import msgspec
 
 from dynbatchd import config as cfgmod
 from dynbatchd.engine import Job
 from dynbatchd.membership import Membership
+from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
 
 from test_engine import MS, Clients, engine, ok_outcome
@@ -72,3 +76,13 @@ def test_models_need_a_restart_only_on_a_pool_that_cannot_load_them_or_when_sett
     assert ray.models_need_restart(config("a"), config("a", "b"))
     assert Membership.added_removed(config("a", "gone"), config("a", "b")) == (
         {"channels": [], "models": ["b"]}, {"channels": [], "models": ["gone"]})
+
+
+def test_a_change_to_the_top_users_sketch_needs_a_restart_not_a_silent_reload():
+    """The sketch is built at start; a reload that changed [top_users] once reported nothing to
+    restart and went on with the old sketch."""
+    before = config("a")
+    daemon = Daemon(before, FakePool())
+    after = msgspec.structs.replace(before, top_users=msgspec.structs.replace(before.top_users, max_text_bytes=100))
+    assert Operations(daemon).needs_restart(after) == ["top_users"]
+    assert Operations(daemon).needs_restart(before) == []
