@@ -158,8 +158,8 @@ class Operations:
         holds is answered. A model added is served once a worker has loaded it (`loading_models`);
         one removed is refused at once and unloaded once nothing of it is queued or running.
 
-        Returns the sections that cannot change without a restart (daemon, devices, cache; models
-        on a Ray pool); they keep running as they are and the rest is applied.
+        Returns the sections that cannot change without a restart (daemon, devices, cache, top_users,
+        http; models on a Ray pool); they keep running as they are and the rest is applied.
         """
         d = self.daemon
         validate_config(new, d.plugins)
@@ -181,9 +181,9 @@ class Operations:
 
     def needs_restart(self, new: Config) -> list[str]:
         """The sections `new` changes that only a restart applies (models, on a pool that cannot load live;
-        the top-users sketch, built at start)."""
+        the top-users sketch and the HTTP door, built at start)."""
         old = self.daemon.config
-        keys = [key for key in ("daemon", "devices", "cache", "top_users")
+        keys = [key for key in ("daemon", "devices", "cache", "top_users", "http")
                 if cfgmod.to_dict(getattr(old, key)) != cfgmod.to_dict(getattr(new, key))]
         return keys + (["models"] if self.daemon.membership.models_need_restart(old, new) else [])
 

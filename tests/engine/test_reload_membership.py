@@ -78,11 +78,13 @@ def test_models_need_a_restart_only_on_a_pool_that_cannot_load_them_or_when_sett
         {"channels": [], "models": ["b"]}, {"channels": [], "models": ["gone"]})
 
 
-def test_a_change_to_the_top_users_sketch_needs_a_restart_not_a_silent_reload():
-    """The sketch is built at start; a reload that changed [top_users] once reported nothing to
-    restart and went on with the old sketch."""
+def test_a_change_to_what_is_built_at_start_needs_a_restart_not_a_silent_reload():
+    """The top-users sketch and the HTTP door are built at start; a reload that changed [top_users]
+    or [http] once reported nothing to restart and went on with the old ones."""
     before = config("a")
-    daemon = Daemon(before, FakePool())
-    after = msgspec.structs.replace(before, top_users=msgspec.structs.replace(before.top_users, max_text_bytes=100))
-    assert Operations(daemon).needs_restart(after) == ["top_users"]
-    assert Operations(daemon).needs_restart(before) == []
+    operations = Operations(Daemon(before, FakePool()))
+    sketch = msgspec.structs.replace(before, top_users=msgspec.structs.replace(before.top_users, max_text_bytes=100))
+    door = msgspec.structs.replace(before, http={"listen": "127.0.0.1:8080"})
+    assert operations.needs_restart(sketch) == ["top_users"]
+    assert operations.needs_restart(door) == ["http"]
+    assert operations.needs_restart(before) == []
