@@ -12,12 +12,17 @@ import asyncio
 import itertools
 from typing import Any, AsyncIterator, Iterable
 
+import msgspec
 import zmq
 import zmq.asyncio
 
 from dynbatchd import protocol as P
-from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, ClientClosed, CurveKeys, DynbatchdError,
-                                  Result, Timeout, build_request, parse_reply, raise_for)
+from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, BadReply, BadRequest, ClientClosed, CurveKeys,
+                                  DynbatchdError, Result, Timeout, build_request, parse_reply, raise_for,
+                                  timeout_seconds)
+
+# Reads a reply the typed decoder refused, to find the request it names (any failure: the frame is ignored).
+_loose_decoder = msgspec.msgpack.Decoder()
 
 # How long closing the socket may wait to deliver a cancel just sent (a stream left, Ctrl-C).
 CANCEL_LINGER_MS = 100
@@ -38,19 +43,39 @@ class AsyncClient:
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, timeout: float | None = DEFAULT_TIMEOUT_S,
                  context: zmq.asyncio.Context | None = None, curve: CurveKeys | None = None):
         self.endpoint = endpoint
-        self.timeout = timeout
+        self.timeout = timeout_seconds(timeout)
         self._ctx = context or zmq.asyncio.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        if curve is not None:
-            curve.apply(self._sock, endpoint)
-        self._sock.connect(endpoint)
+        self._sock = self._connect(endpoint, curve)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
         self._streams: dict[int, asyncio.Queue] = {}   # a streamed request's chunks, then its final frames
         self._reader: asyncio.Task | None = None
         self.closed = False
         self._linger_ms = 0   # 100 once a cancel was sent: closing right after it must not drop it
+
+    def _connect(self, endpoint: str, curve: CurveKeys | None) -> zmq.asyncio.Socket:
+        """The DEALER socket, connected; an endpoint or key ZeroMQ refuses is `BadRequest` naming it
+        (and leaves no socket open)."""
+        sock = self._ctx.socket(zmq.DEALER)
+        try:
+            sock.setsockopt(zmq.LINGER, 0)
+            if curve is not None:
+                curve.apply(sock, endpoint)
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise BadRequest(f"cannot connect to {endpoint!r}: {exc} (an endpoint is tcp://HOST:PORT or "
+                             "ipc://PATH; CURVE keys are 40 Z85 characters each)") from None
+        return sock
+
+    def _ensure_reader(self) -> None:
+        """Start the task that reads replies, again if it ended (its socket failed under it) or runs
+        on a loop that is gone (an earlier `asyncio.run`): else no reply is read and every request
+        runs into its timeout."""
+        reader = self._reader
+        if reader is not None and not reader.done() and reader.get_loop() is asyncio.get_running_loop():
+            return
+        self._reader = asyncio.ensure_future(self._read_replies())
 
     async def __aenter__(self) -> "AsyncClient":
         return self
@@ -84,8 +109,8 @@ class AsyncClient:
                 frames = await self._sock.recv_multipart()
                 try:
                     reply = P.reply_decoder.decode(frames[0])
-                except Exception:   # no `ok`: a chunk of a streamed request (or a frame to ignore)
-                    self._chunk(frames[0])
+                except Exception as exc:   # no `ok`: a chunk of a streamed request (or a frame to ignore)
+                    self._chunk(frames[0], exc)
                     continue
                 if (queue := self._streams.pop(reply.id, None)) is not None:
                     queue.put_nowait(frames)
@@ -98,13 +123,30 @@ class AsyncClient:
         except Exception as exc:   # the socket failed under us: nobody may keep waiting for it
             self._fail_pending(DynbatchdError(f"connection to {self.endpoint} failed: {exc}", "closed"))
 
-    def _chunk(self, frame: bytes) -> None:
+    def _chunk(self, frame: bytes, not_a_reply: Exception) -> None:
         try:
             chunk = P.chunk_decoder.decode(frame)
         except Exception:
+            self._unreadable(frame, not_a_reply)
             return
         if (queue := self._streams.get(chunk.id)) is not None:
             queue.put_nowait(chunk)
+
+    def _unreadable(self, frame: bytes, why: Exception) -> None:
+        """A final reply (it has `ok`) this client cannot read fails the request it names at once
+        with `BadReply`, rather than leaving it to its timeout (or for ever, with none)."""
+        try:
+            header = _loose_decoder.decode(frame)
+        except Exception:
+            return
+        req_id = header.get("id") if isinstance(header, dict) and "ok" in header else None
+        if not isinstance(req_id, (int, str)) or isinstance(req_id, bool):
+            return
+        exc = BadReply(f"unreadable reply from {self.endpoint} to request {req_id!r}: {why}")
+        if (fut := self._pending.pop(req_id, None)) is not None and not fut.done():
+            fut.set_exception(exc)
+        if (queue := self._streams.pop(req_id, None)) is not None:
+            queue.put_nowait(exc)
 
     async def infer_result(self, model: str, inputs: Any, *, tags: Iterable[str] = (), request_type: str | None = None,
                            user_frequency: str | None = None, tokens: int | None = None, priority: int | None = None,
@@ -119,15 +161,14 @@ class AsyncClient:
         """
         if self.closed:
             raise ClientClosed("client closed")
-        limit = self.timeout if timeout is CLIENT_TIMEOUT else timeout
-        if self._reader is None:
-            self._reader = asyncio.ensure_future(self._read_replies())
+        limit = self.timeout if timeout is CLIENT_TIMEOUT else timeout_seconds(timeout)
         req_id = next(self._ids)
-        fut = asyncio.get_running_loop().create_future()
-        self._pending[req_id] = fut
-        frames_out = build_request(
+        frames_out = build_request(   # before the id is pending: a request that cannot be sent leaves nothing behind
             req_id, model, inputs, tags=tuple(tags), request_type=request_type, user_frequency=user_frequency,
             tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user, generate=generate)
+        self._ensure_reader()
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[req_id] = fut
 
         async def exchange() -> list[bytes]:
             if self.closed:   # closed before this task ran: a send on a closed socket leaves an orphan future
@@ -183,19 +224,19 @@ class AsyncClient:
         """
         if self.closed:
             raise ClientClosed("client closed")
-        limit = self.timeout if timeout is CLIENT_TIMEOUT else timeout
-        if self._reader is None:
-            self._reader = asyncio.ensure_future(self._read_replies())
+        limit = self.timeout if timeout is CLIENT_TIMEOUT else timeout_seconds(timeout)
         req_id = next(self._ids)
+        frames_out = build_request(
+            req_id, model, text, tags=tuple(tags), request_type=request_type, user_frequency=user_frequency,
+            tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user, stream=True,
+            generate=generate)
+        self._ensure_reader()
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[req_id] = queue
         done = False
         try:
             try:
-                await self._sock.send_multipart(build_request(
-                    req_id, model, text, tags=tuple(tags), request_type=request_type, user_frequency=user_frequency,
-                    tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user, stream=True,
-                    generate=generate))
+                await self._sock.send_multipart(frames_out)
             except zmq.ZMQError as exc:
                 raise (ClientClosed("client closed") if self.closed else
                        DynbatchdError(f"cannot send to {self.endpoint}: {exc}", "closed")) from None

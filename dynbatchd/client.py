@@ -8,7 +8,10 @@ Every request has a timeout, 60 s (`DEFAULT_TIMEOUT_S`) unless the client or
 the call sets another; `None` (no limit) only when asked for explicitly. A
 request that runs out raises `Timeout`, which is also a `TimeoutError`, and
 closing a client fails whatever it still has in flight with `ClientClosed`,
-so no caller waits forever on a daemon that went away.
+so no caller waits forever on a daemon that went away. An answer the client
+cannot read fails its request with `BadReply`; cancelling a `Client.submit`
+Future withdraws the request. Done callbacks run on the client's own thread:
+waiting on the client there raises instead of waiting for ever.
 
 A daemon with ``[daemon] curve`` on takes CURVE clients only on its tcp://
 addresses: give each client its key pair and the daemon's public key,
@@ -30,11 +33,11 @@ from typing import Any, Iterator
 import zmq.asyncio
 
 from dynbatchd.asyncclient import AsyncClient
-from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, ERRORS, BadRequest, Cancelled,  # noqa: F401
-                                  ClientClosed, CurveKeys, DeadlineExceeded, DynbatchdError, ModelError,
+from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, ERRORS, BadReply, BadRequest,  # noqa: F401
+                                  Cancelled, ClientClosed, CurveKeys, DeadlineExceeded, DynbatchdError, ModelError,
                                   NotRunning, Overloaded, QuotaExceeded, Refused, Result, ShuttingDown, Timeout,
                                   Unavailable, UnknownModel, build_request, check_running, not_listening,
-                                  parse_reply, raise_for)
+                                  parse_reply, raise_for, timeout_seconds)
 from dynbatchd.controlcall import control_call  # noqa: F401  (public API)
 from dynbatchd.protocol import Chunk
 
@@ -61,26 +64,56 @@ class Client:
         self._futures: set[Future] = set()
         self._lock = threading.Lock()
         self._closed = False
-        self._async = self._call(self._make(endpoint, timeout, curve))
+        try:
+            self._async = self._call(self._make(endpoint, timeout, curve))
+        except BaseException:   # a bad endpoint, key or timeout: no thread or loop left running behind
+            self._stop_loop()
+            raise
 
     async def _make(self, endpoint: str, timeout: float | None, curve: CurveKeys | None) -> AsyncClient:
-        return AsyncClient(endpoint, timeout=timeout, context=zmq.asyncio.Context(), curve=curve)
+        context = zmq.asyncio.Context()
+        try:
+            return AsyncClient(endpoint, timeout=timeout, context=context, curve=curve)
+        except BaseException:
+            context.destroy(linger=0)
+            raise
 
     def _call(self, coro: Any) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
+    def _stop_loop(self) -> None:
+        """Stop the client's thread and close its loop (the loop holds three file descriptors)."""
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()
+
+    def _refuse_on_own_thread(self, what: str) -> None:
+        """Waiting for the client on its own thread (a Future's done callback runs there) would wait
+        for ever: say so instead."""
+        if threading.current_thread() is self._thread:
+            raise DynbatchdError(f"cannot {what} inside a done callback of this client's Futures: it would wait "
+                                 "for ever on itself (use submit() and a callback, or another thread)", "bad_request")
+
     def submit(self, model: str, inputs: Any, **kwargs: Any) -> Future:
-        """Start a request; the Future's result is a `Result` (output plus timing)."""
+        """Start a request; the Future's result is a `Result` (output plus timing). Cancelling the
+        Future withdraws the request from the daemon too."""
         fut: Future = Future()
-        with self._lock:
+        with self._lock:   # scheduled before close() may stop the loop: it then settles the request
             if self._closed:
                 fut.set_exception(ClientClosed("client closed"))
                 return fut
             self._futures.add(fut)
+            inner = asyncio.run_coroutine_threadsafe(self._async.infer_result(model, inputs, **kwargs), self._loop)
         fut.add_done_callback(self._forget)
-        inner = asyncio.run_coroutine_threadsafe(self._async.infer_result(model, inputs, **kwargs), self._loop)
+        fut.add_done_callback(lambda f: f.cancelled() and self._withdraw(inner))
         inner.add_done_callback(lambda done: self._settle(fut, done))
         return fut
+
+    def _withdraw(self, inner: Future) -> None:
+        """The caller cancelled its Future: cancel the request's task, whose cleanup tells the daemon."""
+        if not self._loop.is_closed():   # closed: the client is, and nothing is left to withdraw
+            inner.cancel()
 
     def _forget(self, fut: Future) -> None:
         with self._lock:
@@ -102,6 +135,7 @@ class Client:
             pass
 
     def infer_result(self, model: str, inputs: Any, **kwargs: Any) -> Result:
+        self._refuse_on_own_thread("wait for a request")
         return self.submit(model, inputs, **kwargs).result()
 
     def infer(self, model: str, inputs: Any, **kwargs: Any) -> Any:
@@ -112,8 +146,7 @@ class Client:
         """A generative model's answer as it is generated: each `dynbatchd.protocol.Chunk`, then one
         `Result` (`AsyncClient.stream`, whose keyword arguments it takes). Leaving the loop early
         cancels the request."""
-        if self._closed:
-            raise ClientClosed("client closed")
+        self._refuse_on_own_thread("stream")
         items: queue.SimpleQueue = queue.SimpleQueue()
         ended = threading.Event()
 
@@ -127,7 +160,10 @@ class Client:
                 items.put(_END)
                 ended.set()
 
-        running = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        with self._lock:   # scheduled before close() may stop the loop, which then ends the pump
+            if self._closed:
+                raise ClientClosed("client closed")
+            running = asyncio.run_coroutine_threadsafe(pump(), self._loop)
         try:
             while (item := items.get()) is not _END:
                 if isinstance(item, BaseException):
@@ -139,12 +175,19 @@ class Client:
                 ended.wait(5)      # ... before this returns, so a close() right after cannot drop it
 
     def close(self) -> None:
-        """Stop the client; every request still pending fails with `ClientClosed`."""
+        """Stop the client; every request still pending fails with `ClientClosed`. Called in a done
+        callback of one of its Futures (on the client's own thread), it returns at once and the
+        client closes as soon as the callback is over."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+        if threading.current_thread() is self._thread:
+            threading.Thread(target=self._shut_down, name="dynbatchd-client-close", daemon=True).start()
+        else:
+            self._shut_down()
 
+    def _shut_down(self) -> None:
         async def _close() -> None:
             self._async.close()   # every request in flight fails with ClientClosed ...
             tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
@@ -158,8 +201,7 @@ class Client:
         try:
             self._call(_close())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
+            self._stop_loop()
             with self._lock:
                 left = list(self._futures)
             for fut in left:   # whatever the loop did not settle before it stopped

@@ -7,6 +7,8 @@ blocking client and `control_call` each live in a module of their own.
 
 from __future__ import annotations
 
+import math
+import numbers
 import os
 import socket
 from dataclasses import dataclass
@@ -83,7 +85,16 @@ class CurveKeys:
 
 
 def build_request(req_id: int, model: str, inputs: Any, **meta: Any) -> list[Any]:
-    """Header plus frames for one request; numpy arrays travel as a raw frame."""
+    """Header plus frames for one request; numpy arrays travel as a raw frame. An input MessagePack
+    cannot carry (an int over 64 bits, an object, a lone surrogate) is `BadRequest` here, before
+    anything is sent, as the daemon would answer it."""
+    try:
+        return _frames_of(req_id, model, inputs, **meta)
+    except (OverflowError, TypeError, ValueError, NotImplementedError) as exc:   # UnicodeEncodeError is a ValueError
+        raise BadRequest(f"cannot send this request to model {model!r}: {exc}") from None
+
+
+def _frames_of(req_id: int, model: str, inputs: Any, **meta: Any) -> list[Any]:
     fields = {k: v for k, v in meta.items() if v is not None and v != ()}
     if "tags" in fields:
         fields["tags"] = list(fields["tags"])
@@ -100,9 +111,14 @@ def build_request(req_id: int, model: str, inputs: Any, **meta: Any) -> list[Any
 
 
 def parse_reply(frames: list[bytes]) -> tuple[P.Reply, Any]:
+    """The reply and its output. A tensor its frames cannot hold (a frame missing, a dtype or size
+    that does not match) raises `BadReply`: a daemon (or something posing as one) answered wrongly."""
     reply = P.reply_decoder.decode(frames[0])
     if reply.tensor is not None:
         ref = reply.tensor
+        why = P.check_tensor(ref, [len(f) for f in frames[1:]])
+        if why is not None:
+            raise BadReply(f"unreadable reply to request {reply.id!r}: {why}")
         data = frames[1 + ref.frame]
         return reply, np.frombuffer(data, dtype=ref.dtype).reshape(ref.shape)
     return reply, reply.value
@@ -125,6 +141,22 @@ class Timeout(DynbatchdError, TimeoutError):
 class ClientClosed(DynbatchdError):
     """The client was closed while the request was in flight, or before it was sent."""
     code = "closed"
+
+
+class BadReply(DynbatchdError):
+    """The answer to a request could not be read (a tensor without its frame, a field of the wrong
+    type): a daemon of another protocol version, or not a dynbatchd at all, is at the endpoint."""
+    code = "bad_reply"
+
+
+def timeout_seconds(limit: Any) -> float | None:
+    """`limit` as a timeout: a number of seconds (0 or less: already run out) or None for no limit.
+    NaN or a non-number is `BadRequest` at once: NaN would time every request out unsent."""
+    if limit is None:
+        return None
+    if isinstance(limit, bool) or not isinstance(limit, numbers.Real) or math.isnan(limit):
+        raise BadRequest(f"timeout must be a number of seconds or None, not {limit!r}")
+    return float(limit)
 
 
 class NotRunning(DynbatchdError):

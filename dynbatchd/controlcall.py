@@ -4,6 +4,7 @@ the daemon is not there or refuses this client's CURVE key in the handshake.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -11,7 +12,7 @@ import msgspec
 import zmq
 
 from dynbatchd import protocol as P
-from dynbatchd.clientwire import CurveKeys, DynbatchdError, check_running
+from dynbatchd.clientwire import CurveKeys, DynbatchdError, check_running, timeout_seconds
 
 _HANDSHAKE_FAILED = int(zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                         | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
@@ -40,8 +41,9 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: Curv
     """
     try:
         request = P.encoder.encode({"cmd": cmd, "args": args})
-    except (OverflowError, TypeError) as exc:   # e.g. an integer msgpack cannot carry
+    except (OverflowError, TypeError, ValueError) as exc:   # e.g. an integer msgpack cannot carry
         raise DynbatchdError(f"cannot send {cmd}: {exc}", "bad_request") from None
+    limit = timeout_seconds(timeout_s)   # NaN or not a number: BadRequest; inf or None: no limit
     check_running(endpoint)
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
@@ -50,16 +52,15 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: Curv
     try:
         if curve is not None and curve.apply(sock, endpoint):
             monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
-        sock.connect(endpoint)
+        _connect(sock, endpoint)
         sock.send(request)
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         if monitor is not None:
             poller.register(monitor, zmq.POLLIN)
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + (math.inf if limit is None else limit)
         while True:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            ready = dict(poller.poll(left_ms))
+            ready = dict(poller.poll(_poll_ms(deadline)))
             if sock in ready:
                 break
             why = _handshake_refusal(monitor) if monitor is not None and monitor in ready else None
@@ -81,4 +82,22 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: Curv
         if not isinstance(reply, dict):
             raise DynbatchdError(f"unreadable answer from {endpoint}: {reply!r}", "control")
         raise DynbatchdError(reply.get("error", "control command failed"), "control")
+    if "result" not in reply:
+        raise DynbatchdError(f"unreadable answer from {endpoint}: ok without a result", "control")
     return reply["result"]
+
+
+def _connect(sock: zmq.Socket, endpoint: str) -> None:
+    """Connect, naming an endpoint ZeroMQ refuses rather than raising its ZMQError."""
+    try:
+        sock.connect(endpoint)
+    except zmq.ZMQError as exc:
+        raise DynbatchdError(f"cannot connect to {endpoint!r}: {exc} (an endpoint is tcp://HOST:PORT or "
+                             "ipc://PATH)", "bad_request") from None
+
+
+def _poll_ms(deadline: float) -> int:
+    """Milliseconds left until `deadline` for `poll` (-1: no limit, when the deadline is infinite)."""
+    if math.isinf(deadline):
+        return -1
+    return max(0, int((deadline - time.monotonic()) * 1000))
