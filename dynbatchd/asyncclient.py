@@ -19,7 +19,7 @@ import zmq.asyncio
 from dynbatchd import protocol as P
 from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, BadReply, BadRequest, ClientClosed, CurveKeys,
                                   DynbatchdError, Result, Timeout, build_request, parse_reply, raise_for,
-                                  timeout_seconds)
+                                  tag_tuple, timeout_seconds)
 
 # Reads a reply the typed decoder refused, to find the request it names (any failure: the frame is ignored).
 _loose_decoder = msgspec.msgpack.Decoder()
@@ -164,7 +164,7 @@ class AsyncClient:
         limit = self.timeout if timeout is CLIENT_TIMEOUT else timeout_seconds(timeout)
         req_id = next(self._ids)
         frames_out = build_request(   # before the id is pending: a request that cannot be sent leaves nothing behind
-            req_id, model, inputs, tags=tuple(tags), request_type=request_type, user_frequency=user_frequency,
+            req_id, model, inputs, tags=tag_tuple(tags), request_type=request_type, user_frequency=user_frequency,
             tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user, generate=generate)
         self._ensure_reader()
         fut = asyncio.get_running_loop().create_future()
@@ -227,7 +227,7 @@ class AsyncClient:
         limit = self.timeout if timeout is CLIENT_TIMEOUT else timeout_seconds(timeout)
         req_id = next(self._ids)
         frames_out = build_request(
-            req_id, model, text, tags=tuple(tags), request_type=request_type, user_frequency=user_frequency,
+            req_id, model, text, tags=tag_tuple(tags), request_type=request_type, user_frequency=user_frequency,
             tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user, stream=True,
             generate=generate)
         self._ensure_reader()

@@ -149,6 +149,20 @@ class BadReply(DynbatchdError):
     code = "bad_reply"
 
 
+def tag_tuple(tags: Any) -> tuple[str, ...]:
+    """A request's tags as sent; a bare string is `BadRequest` (iterated, tags="urgent" went out as
+    six one-letter tags, and the request was routed as untagged), and so is anything but strings."""
+    if isinstance(tags, (str, bytes)):
+        raise BadRequest(f"tags takes a list of strings, e.g. tags=[{tags!r}], not the string {tags!r}")
+    try:
+        found = tuple(tags)
+    except TypeError:
+        raise BadRequest(f"tags takes a list of strings, not {type(tags).__name__}") from None
+    if not all(isinstance(tag, str) for tag in found):
+        raise BadRequest("tags takes a list of strings: every tag a string")
+    return found
+
+
 def timeout_seconds(limit: Any) -> float | None:
     """`limit` as a timeout: a number of seconds (0 or less: already run out) or None for no limit.
     NaN or a non-number is `BadRequest` at once: NaN would time every request out unsent."""

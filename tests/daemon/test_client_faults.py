@@ -201,6 +201,17 @@ def test_an_input_msgpack_cannot_carry_is_bad_request_and_leaves_nothing_pending
     assert [h["text"] for h in server.seen] == ["fine"]
 
 
+@pytest.mark.parametrize("tags", ["urgent", 5, [1]], ids=["a-string", "a-number", "not-strings"])
+def test_tags_that_are_not_a_list_of_strings_are_bad_request_before_sending(fake, tags):
+    """tags="urgent" once went out as six one-letter tags, so the request was routed as untagged."""
+    server = fake(echo)
+    with Client(server.endpoint, timeout=BOUND_S) as client:
+        with pytest.raises(BadRequest, match="tags takes a list of strings"):
+            client.infer("m", "x", tags=tags)
+        assert client.infer("m", "fine", tags=["urgent"]) == "fine"
+    assert [h.get("tags") for h in server.seen] == [["urgent"]]
+
+
 @pytest.mark.parametrize("timeout", [float("nan"), "5", True], ids=["nan", "text", "bool"])
 def test_a_timeout_that_is_no_number_is_bad_request_at_once(fake, timeout):
     server = fake(echo)
