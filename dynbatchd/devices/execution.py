@@ -25,6 +25,13 @@ class OutOfMemory(DynbatchdError):
     """The batch did not fit in device memory (runners raise it; the batch is then split)."""
 
 
+class WorkerStopping(SystemExit):
+    """The worker was told to stop (its SIGTERM handler raises it): the one BaseException that a
+    model call lets through. Anything else a model raises, SystemExit and KeyboardInterrupt
+    included, is the model failing its batch: it once escaped and ended the worker's device
+    thread, so the worker held its batch until the watchdog killed it."""
+
+
 class Undecodable:
     """An input the worker could not rebuild from its frames (`worker.decode_inputs`): refused alone."""
 
@@ -56,7 +63,7 @@ def completed(out: Any, n: int) -> Execution:
 
 
 def execute(runner: Any, inputs: list[Any], tokens: list[int], model: str,
-            failed: Exception | None = None) -> Execution:
+            failed: BaseException | None = None) -> Execution:
     """Run a batch, isolating the inputs that fail. `failed`: the whole batch already failed with
     it (a pipeline stage raised), so go straight to its halves."""
     result = Execution(len(inputs))
@@ -72,7 +79,9 @@ def execute(runner: Any, inputs: list[Any], tokens: list[int], model: str,
         if failed is not None:
             raise failed
         result.batch = _as_batch(runner.run(inputs, tokens), len(inputs))
-    except Exception as exc:
+    except WorkerStopping:
+        raise
+    except BaseException as exc:
         (log.info if isinstance(exc, OutOfMemory) else log.warning)(
             "model %s failed a batch of %d (%s); isolating the failing inputs", model, len(inputs), type(exc).__name__)
         _split(runner, inputs, tokens, good, result, model, exc)   # it already failed whole: halves next
@@ -93,14 +102,16 @@ def _bisect(runner, inputs, tokens, idx: list[int], result: Execution, model: st
         return
     try:
         out = _as_batch(runner.run([inputs[i] for i in idx], [tokens[i] for i in idx]), len(idx))
-    except Exception as exc:
+    except WorkerStopping:
+        raise
+    except BaseException as exc:
         _split(runner, inputs, tokens, idx, result, model, exc)
         return
     for j, i in enumerate(idx):
         result.outputs[i] = out[j]
 
 
-def _split(runner, inputs, tokens, idx: list[int], result: Execution, model: str, failure: Exception) -> None:
+def _split(runner, inputs, tokens, idx: list[int], result: Execution, model: str, failure: BaseException) -> None:
     """`idx` failed together with `failure`: answer a single input, else try each half."""
     if isinstance(failure, OutOfMemory):
         result.oom = True

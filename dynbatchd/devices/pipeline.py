@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from dynbatchd.devices.execution import Execution, completed, execute, input_problem
+from dynbatchd.devices.execution import Execution, WorkerStopping, completed, execute, input_problem
 
 log = logging.getLogger("dynbatchd.worker")
 
@@ -53,7 +53,7 @@ class _Batch:
         self.prepared: Any = None
         self.output: Any = None
         self.fallback = False                    # run it through `execute` instead of the stages
-        self.failure: Exception | None = None    # what made it fall back (None: a refused input)
+        self.failure: BaseException | None = None    # what made it fall back (None: a refused input)
         self.run: Execution | None = None
         self.compute_ns = self.prepare_ns = 0
 
@@ -92,7 +92,9 @@ class Pipeline:
             else:
                 prepare = getattr(runner, "prepare", None)
                 batch.prepared = prepare(inputs, tokens) if prepare else (inputs, tokens)
-        except Exception as exc:
+        except WorkerStopping:
+            raise
+        except BaseException as exc:   # (SystemExit from a model too: `execution.WorkerStopping`)
             batch.fallback, batch.failure = True, exc
         batch.prepare_ns = time.perf_counter_ns() - start
         if getattr(runner, "INLINE", False):   # no device stage to overlap (noop): no thread hand-offs
@@ -171,12 +173,16 @@ class Pipeline:
                 try:
                     forward = getattr(batch.runner, "forward", None)
                     batch.output = forward(batch.prepared) if forward else batch.runner.run(*batch.prepared)
-                except Exception as exc:
+                except WorkerStopping:
+                    raise
+                except BaseException as exc:
                     batch.fallback, batch.failure = True, exc
             batch.prepared = None
             if batch.fallback:
                 batch.run = execute(batch.runner, batch.inputs, batch.tokens, batch.model, failed=batch.failure)
-        except Exception as exc:   # (execute itself failed, say a `check` that raises: never stall the caller)
+        except WorkerStopping:
+            raise
+        except BaseException as exc:   # (execute itself failed, say a `check` that raises: never stall the caller)
             log.error("model %s: a batch of %d failed outside the model (%s)", batch.model, len(batch.inputs),
                       type(exc).__name__)
             batch.run = Execution(len(batch.inputs))
@@ -195,7 +201,9 @@ class Pipeline:
                 device_ns = timed(batch.output) if timed else None
                 if device_ns is not None:
                     batch.compute_ns = device_ns
-            except Exception as exc:
+            except WorkerStopping:
+                raise
+            except BaseException as exc:
                 with self._device:   # the re-run has the device to itself, as `forward` does
                     rerun = time.perf_counter_ns()
                     batch.run = execute(runner, batch.inputs, batch.tokens, batch.model, failed=exc)

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -94,6 +95,15 @@ def detect_devices(use: str | list[str]) -> list[str]:
     return ["cpu"]
 
 
+def end_leftovers(pid: int) -> None:
+    """SIGKILL what a dead worker (`pid`, leader of its own session and process group) left behind: a process its model
+    forked would keep the worker's sockets and device memory for as long as it runs."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass   # nothing left (a group with no process has no id)
+
+
 class DevicePool:
     def __init__(self, ctx: zmq.Context, devices: list[str], models: list[P.ModelSpec], *,
                  cpu_threads: int, ipc_dir: str, restart_limit: int, probe_after_s: float = 30.0,
@@ -112,6 +122,10 @@ class DevicePool:
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # A worker's replacement takes over its name even while the old connection lingers (a
+        # process the worker forked keeps its socket open): without it the new worker's Hello was
+        # dropped and the device stayed `starting` for good.
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.bind(self.endpoint)
         self.io = LoopSocket(sock, self._on_messages)
         # by device, then feeder; named w0-cpu with one feeder a device, else w0.0-cpu, w0.1-cpu...
@@ -142,12 +156,13 @@ class DevicePool:
         worker.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dynbatchd.devices.worker", "--endpoint", self.endpoint,
             "--name", worker.name, "--log-level", self.log_level,
-            "--log-format", self.log_format, stdin=asyncio.subprocess.DEVNULL,
+            "--log-format", self.log_format, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, DEVICE_LOCKS_ENV: self.ipc_dir})   # feeders of a simulated device take turns
         self._tasks.append(asyncio.ensure_future(self._supervise(worker, worker.proc)))
 
     async def _supervise(self, worker: Worker, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
+        end_leftovers(proc.pid)
         if self._closing or proc is not worker.proc:
             return
         # Results it sent just before dying may still be on their way through the socket:
@@ -187,6 +202,7 @@ class DevicePool:
             for proc in procs:
                 if proc.returncode is None:
                     proc.kill()
+                end_leftovers(proc.pid)
         for task in self._tasks:
             task.cancel()
         self.io.stop()

@@ -223,9 +223,14 @@ class CallableRunner(Runner):
             raise ValueError('callable runner needs options.target = "module:function"')
         module, _, name = str(target).partition(":")
         self.fn = getattr(importlib.import_module(module), name)
+        if not callable(self.fn):   # else it loads, and every request fails model_error (TypeError)
+            raise ValueError(f"callable runner: {target} is a {type(self.fn).__name__}, not a function "
+                             "(options.target names a function taking a list of inputs)")
 
     def run(self, inputs, tokens):
         outputs = self.fn(inputs)
+        if isinstance(outputs, (Mapping, str, bytes, set, frozenset)):   # len() matches, list() does not
+            raise ValueError(f"{self.options['target']} returned a {type(outputs).__name__}, not a list of outputs")
         if len(outputs) != len(inputs):
             raise ValueError(f"{self.options['target']} returned {len(outputs)} outputs for {len(inputs)} inputs")
         return outputs if isinstance(outputs, np.ndarray) else list(outputs)   # an array: tensor replies

@@ -24,7 +24,7 @@ import numpy as np
 import zmq
 
 from dynbatchd import protocol as P
-from dynbatchd.devices.execution import Execution, Undecodable, execute  # noqa: F401 (execute: imported from here by tests)
+from dynbatchd.devices.execution import Execution, Undecodable, WorkerStopping, execute  # noqa: F401 (execute: imported from here by tests)
 from dynbatchd.devices.pipeline import Finished, Pipeline
 from dynbatchd.devices.runners import Runner
 from dynbatchd.memory import batch_peak_bytes
@@ -67,13 +67,51 @@ def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: boo
     if isinstance(out, np.ndarray):
         header = P.BatchResult(batch_id, compute_ns, P.TensorRef(str(out.dtype), list(out.shape), 0),
                                None, run.errors, run.oom, simulated, run.rejected, prepare_ns, memory_bytes)
-        return [P.encoder.encode(header), memoryview(out).cast("B")]
+        try:
+            return [P.encoder.encode(header), memoryview(out).cast("B")]
+        except Exception as exc:   # datetime64 and the like have no buffer: once ended the worker
+            return [unsendable(batch_id, compute_ns, run, simulated, out, exc)]
     try:
         return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, out, run.errors, run.oom, simulated,
                                                run.rejected, prepare_ns, memory_bytes))]
-    except (TypeError, NotImplementedError, OverflowError) as exc:
-        errors = {i: f"model output could not be encoded ({exc})" for i in range(len(out))}
-        return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, None, errors, run.oom, simulated))]
+    except Exception as exc:   # a lone surrogate, nesting too deep, an object: once ended the worker
+        return [unsendable(batch_id, compute_ns, run, simulated, out, exc)]
+
+
+def unsendable(batch_id: int, compute_ns: int, run: Execution, simulated: bool, out: np.ndarray | list[Any],
+               exc: Exception) -> bytes:
+    """The result of a batch whose outputs `out` (`_combine`'s) cannot all be encoded: those that
+    cannot alone (all of an array) are answered model_error, the others go out as values. Only
+    the error's kind and reason go out (a UnicodeEncodeError's text quotes the output)."""
+    errors = dict(run.errors)
+    values = None
+    if isinstance(out, np.ndarray):
+        errors.update({i: f"model output could not be encoded ({_reason(exc)})"
+                       for i in range(len(run.outputs)) if i not in errors})
+    else:
+        for i, value in enumerate(out):
+            problem = None if i in errors else _encoding_problem(value)
+            if problem is not None:
+                errors[i] = f"model output could not be encoded ({_reason(problem)})"
+        values = [None if i in errors else value for i, value in enumerate(out)]
+    try:
+        return P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, values, errors, run.oom, simulated, run.rejected))
+    except Exception:   # each encodes alone, not all together: none of them goes out
+        errors = {i: errors.get(i, f"model output could not be encoded ({_reason(exc)})") for i in range(len(run.outputs))}
+        return P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, None, errors, run.oom, simulated, run.rejected))
+
+
+def _encoding_problem(value: Any) -> Exception | None:
+    try:
+        P.encoder.encode(value)
+    except Exception as exc:
+        return exc
+    return None
+
+
+def _reason(exc: Exception) -> str:
+    reason = getattr(exc, "reason", None) if isinstance(exc, UnicodeError) else str(exc)
+    return f"{type(exc).__name__}: {reason}"
 
 
 def decode_inputs(msg: P.BatchMsg, frames: list[bytes]) -> tuple[list[Any], list[int]]:
@@ -127,7 +165,9 @@ def serve(endpoint: str, name: str) -> int:
     assert isinstance(setup, P.Setup)
     try:
         runners = load_runners(setup)
-    except Exception as exc:
+    except WorkerStopping:
+        raise
+    except BaseException as exc:   # SystemExit at a model's import once ended the worker without a word
         log.error("worker %s could not load its models: %s", name, exc)
         sock.send(P.encoder.encode(P.Failed(f"{type(exc).__name__}: {exc}")))
         return 1
@@ -247,7 +287,9 @@ def _adopt_models(sock: zmq.Socket, name: str, setup: P.Setup, runners: dict[str
             continue
         try:
             fresh.update(load_runners(P.Setup(setup.device, [spec], setup.threads)))
-        except Exception as exc:
+        except WorkerStopping:
+            raise
+        except BaseException as exc:
             failed[spec.name] = f"{type(exc).__name__}: {exc}"
             log.error("worker %s could not load the reloaded model %s: %s", name, spec.name, failed[spec.name])
     for model in set(runners) - set(fresh):
@@ -255,6 +297,11 @@ def _adopt_models(sock: zmq.Socket, name: str, setup: P.Setup, runners: dict[str
     simulated = [n for n, r in fresh.items() if r.simulated]
     sock.send(P.encoder.encode(P.Ready(os.getpid(), setup.device, list(fresh), simulated, failed)))
     return fresh
+
+
+def _stop(*_: Any) -> None:
+    """SIGTERM: leave, through any model call under way (which lets only this BaseException through)."""
+    raise WorkerStopping(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.log_level, args.log_format, worker=args.name)
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    signal.signal(signal.SIGTERM, _stop)
     return serve(args.endpoint, args.name)
 
 
