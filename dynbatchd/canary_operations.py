@@ -33,20 +33,29 @@ class CanaryOperations:
     async def start_checked(self, channel: str, changes: dict[str, Any], share: float, seconds: float,
                                    shadow: bool, *, by: str = "local", force: bool = False) -> dict[str, Any]:
         """`start` after the risk assessment, which refuses a risky candidate unless `force`."""
+        from dynbatchd.tuning.canary import CANARY_SUFFIX
+
+        if channel + CANARY_SUFFIX in self.daemon.config.channels:   # else refused as "still draining", for good
+            raise ValueError(f"channel {channel + CANARY_SUFFIX!r} of the config file has the name of the canary "
+                             f"twin of {channel!r}: rename it to run a canary of {channel!r}")
+        self.daemon.operations.check_channel_still_there(channel)
         validate_config(cfgmod.with_channel(self.daemon.config, channel, **changes), self.daemon.plugins)   # before any assessment
         verdict = (await self.daemon.operations.assess({channel: changes}))[channel]
         if not verdict.accepted and not force:
             log.warning("canary of channel %s by %s refused: risk %s (force to run it anyway)", channel, by,
                         verdict.verdict())
             raise RiskRefused(verdict.reason, {"channel": channel, "risk": verdict.as_dict()})
-        self.canary_by[channel] = {"by": by, "risk": verdict.verdict(), "forced": force and not verdict.accepted}
-        return self.start(channel, changes, share, seconds, shadow)
+        self.daemon.operations.check_channel_still_there(channel)   # the assessment takes a while too
+        who = {"by": by, "risk": verdict.verdict(), "forced": force and not verdict.accepted}
+        return self.start(channel, changes, share, seconds, shadow, who=who)
 
     def start(self, channel: str, changes: dict[str, Any], share: float, seconds: float,
-                     shadow: bool) -> dict[str, Any]:
+                     shadow: bool, who: dict[str, Any] | None = None) -> dict[str, Any]:
         """Run `changes` on `share` of `channel`'s live traffic (copies of it with `shadow`) in a twin
         channel for `seconds`; the engine's judge then promotes them or rolls back (`ended`).
-        The candidate is checked by the same rules and compliance plugins as a config file."""
+        The candidate is checked by the same rules and compliance plugins as a config file.
+        `who` (who started it, the risk verdict, forced) is recorded once the canary runs: a start
+        refused as already running once overwrote the running canary's record."""
         from dynbatchd.tuning.canary import CANARY_SUFFIX, Canary   # the tuning package only when asked
 
         candidate = cfgmod.with_channel(self.daemon.config, channel, **changes)
@@ -58,7 +67,7 @@ class CanaryOperations:
         self.daemon.engine.start_split(channel, built, judge, shadow=shadow)
         self.canary_changes[channel] = dict(changes)
         self.canary_ends.pop(channel, None)
-        who = self.canary_by.setdefault(channel, {"by": "local", "risk": "not assessed", "forced": False})
+        who = self.canary_by[channel] = who or {"by": "local", "risk": "not assessed", "forced": False}
         log.info("canary of channel %s started by %s: %s on %.0f%% of its traffic%s for %.0f s (risk %s%s)", channel,
                  who["by"], _settings_text(changes), 100 * share, " (shadow copies)" if shadow else "", seconds,
                  who["risk"], "; forced" if who["forced"] else "")

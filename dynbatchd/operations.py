@@ -1,7 +1,8 @@
 """What operators ask of a running daemon: status, metrics, tune and reload, stop and drain; and
 the records kept for them (the compliance audit, the tuning drop-in of `dynbatchd.overrides`).
 Warmup, erasure and the top-users sketch are `dynbatchd.cache_operations`, a canary
-`dynbatchd.canary_operations`, the models a reload adds and removes `dynbatchd.membership`.
+`dynbatchd.canary_operations`, a reload `dynbatchd.reloads` (the models it adds and removes
+`dynbatchd.membership`).
 
 Every change of a channel's settings (a tune, a canary, a reload) passes the one risk assessment
 of `dynbatchd.tuning.risk.assess_change`, run off the event loop, and is refused when risky
@@ -31,20 +32,12 @@ from dynbatchd.observer import gpu_readings
 from dynbatchd.engine import AuditEvent, EngineEvent, Job
 from dynbatchd.metrics import render as render_metrics
 from dynbatchd.overrides import FILE_NAME as OVERRIDES_FILE, Overrides
+from dynbatchd.reloads import Reloads, RiskRefused
 from dynbatchd.scheduler import build_channels
 from dynbatchd.telemetry import daemon_health
 from dynbatchd.validation import validate_config
-from dynbatchd.errors import DynbatchdError
 
 log = logging.getLogger("dynbatchd")
-
-
-class RiskRefused(DynbatchdError):
-    """A change the risk assessment refused (and nobody forced); `plan` is what it would have done."""
-
-    def __init__(self, reason: str, plan: dict[str, Any]):
-        super().__init__(reason)
-        self.plan = plan
 
 
 def _settings_text(values: dict[str, Any]) -> str:
@@ -58,6 +51,7 @@ class Operations:
         self.daemon = daemon
         self.file_config: Config | None = None   # the config file as read, before the drop-in (`init_tuning`)
         self.overrides = Overrides(None)         # the tuning drop-in
+        self.reloads = Reloads(daemon, self)     # reloads, one at a time (`dynbatchd.reloads`)
 
     # -- stopping -------------------------------------------------------------
     def request_stop(self) -> None:
@@ -248,6 +242,7 @@ class Operations:
                    force: bool = False, dry_run: bool = False) -> dict[str, Any]:
         """Change `channel`'s settings after the risk assessment (refused when risky unless `force`)
         and keep the change in the drop-in. `dry_run`: only say what would change and the verdict."""
+        self.check_channel_still_there(channel)
         candidate = cfgmod.with_channel(self.daemon.config, channel, **changes)
         validate_config(candidate, self.daemon.plugins)   # before any assessment
         running = cfgmod.to_dict(self.daemon.config.channels[channel])
@@ -270,6 +265,13 @@ class Operations:
         return {**plan, "applied": True, "forced": forced,
                 "settings": cfgmod.to_dict(self.daemon.config.channels[channel])}
 
+    def check_channel_still_there(self, channel: str) -> None:
+        """ConfigError unless `channel` is in the running config: a command checked it when it came,
+        but a reload (a SIGHUP's, say) may have removed it before the command's coroutine ran."""
+        if channel not in self.daemon.config.channels:
+            raise ConfigError(self.daemon.config.source, f"channels.{channel}",
+                              "no such channel: a reload removed it while the command waited")
+
     def rollback(self, channel: str, *, by: str = "local") -> dict[str, Any]:
         """One step back: undo `channel`'s last change still in force (LookupError when none)."""
         overrides = self.overrides.copy()
@@ -281,100 +283,12 @@ class Operations:
         return {"channel": channel, "before": change.before, "after": change.after, "applied": True,
                 "settings": cfgmod.to_dict(self.daemon.config.channels[channel])}
 
+    # -- reloads: `dynbatchd.reloads` -------------------------------------------------------
     async def reload(self, *, by: str = "local", force: bool = False, dry_run: bool = False,
                      config: Config | None = None) -> dict[str, Any]:
-        """Re-read the config file (or check `config` with `dry_run`) and run it with the drop-in on
-        top: a key the file changed drops its override (the file wins). Each channel it changes is
-        risk-assessed; a risky reload is refused unless `force`. Logs exactly one line, whatever the
-        outcome, plus one naming the overrides the file took over."""
-        word = "checked" if dry_run else "reloaded"
-        if not dry_run:
-            systemd.notify("RELOADING=1")
-        try:
-            plan, new_file, overrides, effective = await self._plan_reload(config)
-            refused = {ch: v["reason"] for ch, v in plan["risk"].items() if not v["accepted"]}
-            if dry_run:
-                log.info("configuration checked by %s (dry run): %s", by, self._reload_text(plan, refused))
-                return plan
-            if refused and not force:
-                raise RiskRefused("; ".join(f"channel {ch}: {why}" for ch, why in refused.items()), plan)
-            if plan["dropped_overrides"]:
-                overrides.save()
-            plan["needs_restart"] = self.apply_config(effective)
-            self.file_config, self.overrides = new_file, overrides
-        except ConfigError as exc:
-            log.error("reload refused, keeping the running configuration: %s", exc)
-            raise
-        except RiskRefused as exc:
-            log.warning("reload by %s refused, keeping the running configuration: risk refused %s "
-                        "(dynbatchctl reload --force applies it anyway)", by, exc)
-            raise
-        except OSError as exc:
-            log.error("reload refused, keeping the running configuration: tuning drop-in: %s", exc)
-            raise ConfigError(str(overrides.path), "", f"cannot write: {exc.strerror or exc}") from None
-        finally:
-            if not dry_run:
-                systemd.notify("READY=1")
-        plan["applied"] = True
-        log.info("configuration %s by %s: %s%s", word, by, self._reload_text(plan, refused),
-                 "; FORCED past the risk assessment" if refused else "")
-        if plan["dropped_overrides"]:
-            log.info("tuning overrides dropped, the config file changed them: %s", ", ".join(plan["dropped_overrides"]))
-        return plan
-
-    async def _plan_reload(self, config: Config | None) -> tuple[dict[str, Any], Config, Overrides, Config]:
-        if config is None:
-            if not self.daemon.config_path:
-                raise ConfigError(self.daemon.config.source, "", "daemon was started without a config file")
-            config = cfgmod.load(self.daemon.config_path)
-        validate_config(config, self.daemon.plugins)
-        overrides = self.overrides.copy()
-        dropped = overrides.reconcile(self.file_config, config)
-        try:
-            effective = overrides.apply(config)
-            validate_config(effective, self.daemon.plugins)
-        except ConfigError as exc:   # an override no longer fits the new file (e.g. a shorter deadline)
-            channel = exc.key.split(".")[1] if exc.key.startswith("channels.") else None
-            if channel is None:
-                raise
-            dropped += overrides.drop_channel(channel)
-            effective = overrides.apply(config)
-            validate_config(effective, self.daemon.plugins)
-        needs_restart = self.needs_restart(effective)
-        changes = {}
-        for name, now in self.daemon.config.channels.items():
-            if name not in effective.channels:
-                continue   # removed: listed under "removed", nothing to assess
-            old, new = cfgmod.to_dict(now), cfgmod.to_dict(effective.channels[name])
-            changes[name] = {k: new[k] for k in new if new[k] != old[k]}
-        verdicts = await self.assess(changes)
-        added, removed = self.daemon.membership.added_removed(self.daemon.config, effective)
-        if "models" in needs_restart:
-            added["models"], removed["models"] = [], []
-        plan = {"needs_restart": needs_restart, "dropped_overrides": dropped, "applied": False,
-                "added": added, "removed": removed,
-                "changes": {ch: {k: [cfgmod.to_dict(self.daemon.config.channels[ch])[k], v] for k, v in c.items()}
-                            for ch, c in changes.items() if c},
-                "risk": {ch: v.as_dict() for ch, v in verdicts.items()}}
-        return plan, config, overrides, effective
-
-    @staticmethod
-    def _reload_text(plan: dict[str, Any], refused: dict[str, str]) -> str:
-        changed = [f"channels.{ch}.{k} {a} -> {b}" for ch, c in plan["changes"].items() for k, (a, b) in c.items()]
-        moved = [f"{word} {kind[:-1]} {name}" for word, key in (("added", "added"), ("removed", "removed"))
-                 for kind, names in plan.get(key, {}).items() for name in names]
-        text = ", ".join(moved + changed) or "no channel setting changed"
-        if plan["needs_restart"]:
-            text += f"; needs a restart to change: {', '.join(plan['needs_restart'])}"
-        if refused:
-            text += "; risk refused " + "; ".join(f"channel {ch}: {why}" for ch, why in refused.items())
-        return text
+        """`Reloads.reload`: the config file (or `config`) run with the drop-in on top."""
+        return await self.reloads.reload(by=by, force=force, dry_run=dry_run, config=config)
 
     def reload_from_signal(self) -> None:
-        """SIGHUP: the reload runs as a task (its risk assessment takes a moment); it logs its line."""
-        async def run() -> None:
-            try:
-                await self.reload(by="SIGHUP")
-            except (ConfigError, RiskRefused):
-                pass   # already logged, in one line
-        asyncio.ensure_future(run())
+        """`Reloads.from_signal`: SIGHUP."""
+        self.reloads.from_signal()

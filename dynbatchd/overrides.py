@@ -11,6 +11,7 @@ The running configuration is always ``apply(file config)``: nothing else holds t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -115,12 +116,13 @@ class Overrides:
         """Take back the last change of `channel` not yet undone: each of its keys still overridden
         gets its value from before; a key no earlier change set goes back to the config file's
         (`base`). None when there is nothing to take back."""
-        mine = [c for c in self.data.change if c.channel == channel and c.source != "rollback" and not c.undone]
+        keys = self.data.channels.get(channel, {})
+        mine = [c for c in self.data.change if c.channel == channel and c.source != "rollback" and not c.undone
+                and any(key in keys for key in c.after)]   # a change the config file took over has nothing to undo
         if not mine:
             return None
         last, earlier = mine[-1], mine[:-1]
         last.undone = True
-        keys = self.data.channels.get(channel, {})
         before, after, at = {}, {}, now()
         for key in last.after:
             if key not in keys:   # the config file took this key over since
@@ -179,11 +181,16 @@ class Overrides:
         one or the new one, never half of either."""
         assert self.path is not None
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(render(self.data))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(render(self.data))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:   # e.g. the drop-in's name taken by a directory: leave no temporary file behind
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
 
 
 HEADER = """\

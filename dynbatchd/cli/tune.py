@@ -24,6 +24,7 @@ the config file's value.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from typing import Any, Optional
@@ -60,10 +61,25 @@ def parse_candidate(text: str) -> dict[str, Any]:
         key, eq, value = part.partition("=")
         if not eq or key not in ("max_batch", "window_ms", "policy"):
             raise ValueError(f"--candidate takes max_batch=N,window_ms=F[,policy=NAME]; not {part!r}")
-        out[key] = int(value) if key == "max_batch" else float(value) if key == "window_ms" else value
+        out[key] = _candidate_value(key, value.strip())
     if "max_batch" not in out or "window_ms" not in out:
         raise ValueError("--candidate needs both max_batch and window_ms")
     return out
+
+
+def _candidate_value(key: str, value: str) -> Any:
+    """One --candidate value: max_batch a whole number, window_ms a finite number; ValueError naming the
+    key (int()'s own message named neither the key nor the option)."""
+    if key == "policy":
+        return value
+    try:
+        number = int(value) if key == "max_batch" else float(value)
+    except ValueError:
+        number = None
+    if number is None or not math.isfinite(number):
+        kind = "a whole number" if key == "max_batch" else "a finite number of ms"
+        raise ValueError(f"--candidate {key} is {kind}, not {value!r}")
+    return number
 
 
 def tune(ctx: typer.Context,

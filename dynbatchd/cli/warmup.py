@@ -23,6 +23,14 @@ def warmed(status: dict[str, Any], channel: str) -> int:
     return status["channels"].get(channel, {}).get("warmup", {}).get("items", 0)
 
 
+def nothing_left_to_warm(status: dict[str, Any], channel: str) -> bool:
+    """Whether no warmup input can still run: none in the backlog and none queued in `channel` (an
+    input counts as warmed once it leaves the queue for a device), or the daemon is stopping."""
+    if (status.get("cache") or {}).get("warmup_backlog"):
+        return False
+    return status["daemon"]["state"] != "serving" or not status["channels"].get(channel, {}).get("queue_depth")
+
+
 def follow(call: Call, channel: str, queued: int, before: int, out: Console, *, poll_s: float = 0.5,
            timeout_s: float = 3600.0) -> int:
     """Poll the daemon until `queued` warmup inputs have run in `channel` (or the backlog is gone
@@ -38,9 +46,8 @@ def follow(call: Call, channel: str, queued: int, before: int, out: Console, *, 
             if not out.is_terminal and (done == queued or time.monotonic() - printed >= 1.0):
                 out.print(f"warmed {done}/{queued}", highlight=False)   # a log line a second, not a frame
                 printed = time.monotonic()
-            cache = status.get("cache") or {}
-            if done < queued and not cache.get("warmup_backlog") and status["daemon"]["state"] != "serving":
-                break   # the daemon is stopping: it dropped the backlog
+            if done < queued and nothing_left_to_warm(status, channel):
+                break   # dropped (the daemon stops, `forget` erased them): waiting would last until timeout_s
             if done < queued:
                 time.sleep(poll_s)
     return done

@@ -47,6 +47,11 @@ def count(name: str, value: Any, least: int = 0) -> int:
     return value
 
 
+def _number(value: Any) -> bool:
+    """An int or a float, not a boolean (`seconds=true` was a one-second canary)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 WHY_CHARS = 500   # a change's reason, kept in the overrides file's history and logged: a note, not a document
 
 
@@ -56,6 +61,31 @@ def reason(value: Any) -> str:
     if not isinstance(value, str) or len(value) > WHY_CHARS:
         raise CommandError(f"why is text of at most {WHY_CHARS} characters, not {_shown(value)}")
     return value
+
+
+WINDOW_VALUES = 256   # values in a `window` table: a policy's options are a few numbers and short lists
+
+
+def _values_in(value: Any, limit: int) -> int:
+    """How many values `value` holds, its tables and lists counted with what they hold; counting stops
+    past `limit`."""
+    seen, stack = 0, [value]
+    while stack and seen <= limit:
+        item = stack.pop()
+        seen += 1
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return seen
+
+
+def window_table(changes: dict[str, Any]) -> None:
+    """A `window` change of at most WINDOW_VALUES values: a policy builds from its options at once, on
+    the event loop (a bandit's 6,000 windows x 6,000 caps took it 32 s, a dry run included)."""
+    if "window" in changes and _values_in(changes["window"], WINDOW_VALUES) > WINDOW_VALUES:
+        raise CommandError(f"window is a policy and its options, at most {WINDOW_VALUES} values in all; "
+                           "not a larger table")
 
 
 def ping(daemon) -> dict[str, Any]:
@@ -143,6 +173,7 @@ def tune(daemon, channel: str, by: str = "local", force: bool = False, dry_run: 
     unknown = sorted(set(changes) - set(TUNABLE))
     if unknown or not changes:
         raise CommandError(f"tunable settings are {', '.join(TUNABLE)}" + (f"; not {', '.join(unknown)}" if unknown else ""))
+    window_table(changes)
     try:
         cfgmod.with_channel(daemon.config, channel, **changes)   # the value's own rules, at once
     except ConfigError as exc:
@@ -179,10 +210,12 @@ def canary(daemon, action: str = "status", channel: str | None = None, share: fl
     unknown = sorted(set(changes) - set(CANARY_KEYS))
     if unknown or not changes:
         raise CommandError(f"a canary tries {', '.join(CANARY_KEYS)}" + (f"; not {', '.join(unknown)}" if unknown else ""))
-    if not isinstance(share, (int, float)) or not 0 < share <= 0.5:
-        raise CommandError("share is above 0 and at most 0.5 (the incumbent keeps most of the traffic)")
-    if not isinstance(seconds, (int, float)) or not 1 <= seconds <= 86_400:
-        raise CommandError("seconds is between 1 and 86400")
+    window_table(changes)
+    if not _number(share) or not 0 < share <= 0.5:
+        raise CommandError(f"share is above 0 and at most 0.5 (the incumbent keeps most of the traffic), "
+                           f"not {_shown(share)}")
+    if not _number(seconds) or not 1 <= seconds <= 86_400:
+        raise CommandError(f"seconds is between 1 and 86400, not {_shown(seconds)}")
     if daemon.state != "serving":
         raise CommandError(f"the daemon is {daemon.state}: a canary needs live traffic")
     try:
@@ -258,7 +291,13 @@ def warmup(daemon, top_users: int = 10_000, model: str | None = None) -> dict[st
     top_users = count("top_users", top_users, least=1)
     if model is not None and model not in daemon.config.models:
         raise CommandError(f"no model named {model!r}")
+    unready = daemon.membership.unready(model) if model is not None else None
+    if unready:   # its batches would fail unseen, each input counted as warmed and nothing cached
+        raise CommandError(f"{unready}: nothing to warm it up on")
     return daemon.cache_ops.warmup(model, top_users)
+
+
+TENANT_CHARS = 1024   # `forget`'s tenant is written to the log and the audit log: a name, not megabytes
 
 
 def forget(daemon, user: str, tenant: str | None = None, by: str = "local") -> dict[str, Any]:
@@ -272,8 +311,9 @@ def forget(daemon, user: str, tenant: str | None = None, by: str = "local") -> d
     """
     if not isinstance(user, str) or not user:
         raise CommandError("user is the user id to erase (a non-empty string)")
-    if tenant is not None and not isinstance(tenant, str):
-        raise CommandError("tenant is a tenant name (a string)")
+    if tenant is not None and (not isinstance(tenant, str) or len(tenant) > TENANT_CHARS):
+        raise CommandError(f"tenant is a tenant name of at most {TENANT_CHARS} characters, not {_shown(tenant)} "
+                           "(without tenant, the user is erased from every tenant)")
     return daemon.cache_ops.forget(user, tenant, by=by)
 
 
