@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from typing import Any, AsyncIterator, Iterable
+from typing import Any, AsyncIterator, Callable, Iterable
 
 import msgspec
 import zmq
@@ -90,18 +90,20 @@ class AsyncClient:
         self.closed = True
         if self._reader:
             self._reader.cancel()
-        self._fail_pending(ClientClosed("client closed"))
+        self._fail_pending(lambda: ClientClosed("client closed"))
         self._sock.close(self._linger_ms)
 
-    def _fail_pending(self, exc: DynbatchdError) -> None:
+    def _fail_pending(self, error: Callable[[], DynbatchdError]) -> None:
+        """Fail every request in flight with an `error()` of its own: one instance shared by callers
+        on many threads gathered each raise's traceback (and the frames it holds) on one object."""
         pending, self._pending = self._pending, {}
         for fut in pending.values():
             if not fut.done():
-                fut.set_exception(exc)
+                fut.set_exception(error())
                 fut.exception()   # retrieved: a request whose send never finished does not await it
         streams, self._streams = self._streams, {}
         for queue in streams.values():
-            queue.put_nowait(exc)
+            queue.put_nowait(error())
 
     async def _read_replies(self) -> None:
         try:
@@ -121,7 +123,8 @@ class AsyncClient:
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # the socket failed under us: nobody may keep waiting for it
-            self._fail_pending(DynbatchdError(f"connection to {self.endpoint} failed: {exc}", "closed"))
+            why = f"connection to {self.endpoint} failed: {exc}"
+            self._fail_pending(lambda: DynbatchdError(why, "closed"))
 
     def _chunk(self, frame: bytes, not_a_reply: Exception) -> None:
         try:

@@ -316,6 +316,18 @@ def test_closed_clients_hold_no_file_descriptor_or_thread(fake):
     assert open_fds() <= fds and threading.active_count() <= threads
 
 
+def test_each_request_failed_by_close_gets_an_error_of_its_own(fake):
+    """One ClientClosed shared by every caller gathered each raise's traceback on one object."""
+    server = fake(silent)
+    client = Client(server.endpoint, timeout=BOUND_S)
+    futures = [client.submit("m", str(n)) for n in range(3)]
+    wait_until(lambda: len(server.seen) == 3, BOUND_S, message="the requests did not reach the fake")
+    client.close()
+    errors = [f.exception(timeout=BOUND_S) for f in futures]
+    assert all(isinstance(e, ClientClosed) for e in errors), errors
+    assert len({id(e) for e in errors}) == 3
+
+
 def test_close_racing_submits_and_streams_settles_every_caller(fake, capfd):
     server = fake(echo)
     client = Client(server.endpoint, timeout=BOUND_S)
