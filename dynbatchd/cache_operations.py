@@ -30,6 +30,7 @@ class CacheOperations:
 
     def __init__(self, daemon: Any):
         self.daemon = daemon
+        self._save_failure: str | None = None   # the error the last save of the sketch logged (None: it saved)
 
     # -- the top-users sketch ---------------------------------------------------
     def top_users_path(self):
@@ -68,11 +69,23 @@ class CacheOperations:
             return
         try:
             sketch.save(self.top_users_path())
-            self.daemon._top_users_saved = sketch.observed
         except OSError as exc:
-            log.error("could not save the top-users sketch in %s: %s", self.daemon.config.daemon.state_dir, exc.strerror)
+            self._save_failed(f"could not save the top-users sketch in {self.daemon.config.daemon.state_dir}: "
+                              f"{exc.strerror or type(exc).__name__}")
         except Exception as exc:   # (never the daemon's exit code: the sketch is an optimisation)
-            log.error("could not save the top-users sketch: %s", type(exc).__name__)
+            self._save_failed(f"could not save the top-users sketch: {type(exc).__name__}")
+        else:
+            self.daemon._top_users_saved = sketch.observed
+            if self._save_failure is not None:
+                log.info("top-users sketch saved again")
+                self._save_failure = None
+
+    def _save_failed(self, message: str) -> None:
+        """One error line per cause: a save that keeps failing the same way (a directory in the file's
+        place) is not logged again at every save interval and every warmup."""
+        if message != self._save_failure:
+            log.error("%s (not logged again while it fails so)", message)
+        self._save_failure = message
 
     async def save_top_users_periodically(self) -> None:
         while True:
@@ -115,7 +128,8 @@ class CacheOperations:
         channel = self.daemon.config.cache.warmup_channel or self.daemon.config.routing.default
         self.save_top_users()   # the built-in plugin reads what was observed up to now
         queued = cached = 0
-        for m in [model] if model else list(self.daemon.config.models):
+        models, skipped = self._models_to_warm(model)
+        for m in models:
             for spec in self.daemon.plugins.warmup_jobs(m, top_users, self.daemon.config):
                 jobs = (Job(spec.model, channel, P.estimate_tokens(r), 0, Pending(None, r), spec.tenant,
                             cache_key_of(spec.model, spec.tenant, text))
@@ -125,11 +139,24 @@ class CacheOperations:
         self.daemon._schedule_pump()
         answer: dict[str, Any] = {"queued": queued, "already_cached": cached,
                                   "backlog": self.daemon.engine.warmup_waiting(), "channel": channel}
+        if skipped:
+            answer["skipped"] = skipped
         if not queued and not cached:
-            answer["reason"] = self._nothing_to_warm()
+            answer["reason"] = self._nothing_to_warm(skipped if not models else None)
         return answer
 
-    def _nothing_to_warm(self) -> str:
+    def _models_to_warm(self, model: str | None) -> tuple[list[str], dict[str, str]]:
+        """(the models to warm, {model: why not} of those left out). Without `model`: every model of
+        the config but those that failed to load or still load, whose inputs would run to no effect
+        and be counted as warmed. (A `model` named is checked by the control command.)"""
+        if model:
+            return [model], {}
+        unready = {m: self.daemon.membership.unready(m) for m in self.daemon.config.models}
+        return [m for m, why in unready.items() if not why], {m: why for m, why in unready.items() if why}
+
+    def _nothing_to_warm(self, every_model_skipped: dict[str, str] | None = None) -> str:
+        if every_model_skipped:
+            return "no model is ready: " + "; ".join(every_model_skipped.values())
         source = self.daemon.config.plugins.get("warmup", {}).get("source")
         if source:
             return f"the warmup source {source} named no input (missing, empty or malformed: see the daemon's log)"

@@ -33,11 +33,6 @@ class CanaryOperations:
     async def start_checked(self, channel: str, changes: dict[str, Any], share: float, seconds: float,
                                    shadow: bool, *, by: str = "local", force: bool = False) -> dict[str, Any]:
         """`start` after the risk assessment, which refuses a risky candidate unless `force`."""
-        from dynbatchd.tuning.canary import CANARY_SUFFIX
-
-        if channel + CANARY_SUFFIX in self.daemon.config.channels:   # else refused as "still draining", for good
-            raise ValueError(f"channel {channel + CANARY_SUFFIX!r} of the config file has the name of the canary "
-                             f"twin of {channel!r}: rename it to run a canary of {channel!r}")
         self.daemon.operations.check_channel_still_there(channel)
         validate_config(cfgmod.with_channel(self.daemon.config, channel, **changes), self.daemon.plugins)   # before any assessment
         verdict = (await self.daemon.operations.assess({channel: changes}))[channel]

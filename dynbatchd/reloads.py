@@ -115,7 +115,6 @@ class Reloads:
                 raise ConfigError(self.daemon.config.source, "", "daemon was started without a config file")
             config = cfgmod.load(self.daemon.config_path)
         validate_config(config, self.daemon.plugins)
-        self._check_no_canary_twin(config)
         overrides = self.ops.overrides.copy()
         dropped = overrides.reconcile(self.ops.file_config, config)
         try:
@@ -146,19 +145,6 @@ class Reloads:
                             for ch, c in changes.items() if c},
                 "risk": {ch: v.as_dict() for ch, v in verdicts.items()}}
         return plan, config, overrides, effective
-
-    def _check_no_canary_twin(self, new: Config) -> None:
-        """A channel of `new` may not take the name of a canary's twin the engine still runs (or drains):
-        the reload replaced the twin, so the canary judged the file's settings, and the channel went
-        with the twin when the canary ended, though the file still had it."""
-        from dynbatchd.tuning.canary import CANARY_SUFFIX
-
-        engine, running = self.daemon.engine, self.daemon.config.channels
-        for name in new.channels:
-            if name.endswith(CANARY_SUFFIX) and engine.has_channel(name) and name not in running:
-                raise ConfigError(new.source, f"channels.{name}",
-                                  f"is the name of the canary twin of channel {name[:-len(CANARY_SUFFIX)]!r}, "
-                                  "which still runs or drains: rename it (or reload once the canary is over)")
 
     def _check_kept_sections(self, new: Config, kept: list[str]) -> None:
         """`new` as it would run, with the sections only a restart changes kept as they run, checked

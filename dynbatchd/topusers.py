@@ -59,6 +59,28 @@ MAX_TEXT_BYTES = 16 << 10   # a longer text is counted, not kept
 TEXT_BUDGET = 64 << 20      # bytes of text kept in all
 LOW_WATER = 0.75            # over the budget, texts are dropped until this share of it is held
 
+# path -> the problem last logged of the file there. The daemon loads the file at start and the
+# built-in warmup plugin once per model at each warmup: a file that stays unreadable was logged
+# at every load (a directory in its place: 3 lines in one run). Logged again once it changes.
+_logged_problems: dict[str, str] = {}
+_LOGGED_PATHS = 64   # paths remembered (a daemon has one; tests and tools make more)
+
+
+def _warn_once(path: str | os.PathLike, problem: str, message: str, *args: Any) -> None:
+    """Log `message` about the file at `path`, unless `problem` is what was last logged of it."""
+    key = str(path)
+    if _logged_problems.get(key) == problem:
+        return
+    if len(_logged_problems) >= _LOGGED_PATHS and key not in _logged_problems:
+        _logged_problems.pop(next(iter(_logged_problems)))
+    _logged_problems[key] = problem
+    log.warning(message, *args)
+
+
+def _read_fine(path: str | os.PathLike) -> None:
+    """The file at `path` was read (or is absent): its next problem is logged."""
+    _logged_problems.pop(str(path), None)
+
 
 def text_size(text: str) -> int:
     """`text`'s size in UTF-8 bytes, without encoding it when it is ASCII (the common case)."""
@@ -261,7 +283,11 @@ class TopUsers:
             file.write(data)
             file.flush()
             os.fsync(fd)
-        os.replace(partial, path)
+        try:
+            os.replace(partial, path)
+        except OSError:   # (a directory in the file's place): no temporary file left at each attempt
+            partial.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def load(cls, path: str | os.PathLike, users: int = 50_000, inputs_per_user: int = 4,
@@ -275,9 +301,11 @@ class TopUsers:
             version = msgspec.msgpack.decode(raw, type=Format).format
             saved = msgspec.msgpack.decode(raw, type=FirstFormat if version == 1 else SavedSketch)
         except FileNotFoundError:
+            _read_fine(path)
             return sketch
         except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-            log.warning("top-users file %s is unreadable (%s); starting a new one", path, type(exc).__name__)
+            _warn_once(path, type(exc).__name__, "top-users file %s is unreadable (%s); starting a new one",
+                       path, type(exc).__name__)
             return sketch
         # Counts past 2**53 (no real traffic reaches them) would overflow msgpack's 64 bits as they
         # grow, and every later save would fail: refuse them here, where the file is read.
@@ -285,20 +313,24 @@ class TopUsers:
             (u.count, u.error, u.last_seen, *(i[2] for i in u.inputs), *(i[3] for i in u.inputs))
             if isinstance(u, UserRecord) else (u[2], u[3], *(i[2] for i in u[4]))))]
         if not all(0 <= n <= 2**53 for n in counts):
-            log.warning("top-users file %s holds a count outside 0 to 2**53; starting a new one", path)
+            _warn_once(path, "counts", "top-users file %s holds a count outside 0 to 2**53; starting a new one", path)
             return sketch
         if isinstance(saved, FirstFormat):
+            _read_fine(path)
             return sketch._converted(saved, path)
         if saved.format != FORMAT:
-            log.warning("top-users file %s has format %s, not %s; starting a new one", path, saved.format, FORMAT)
+            _warn_once(path, f"format {saved.format}", "top-users file %s has format %s, not %s; starting a new one",
+                       path, saved.format, FORMAT)
             return sketch
         if saved.key_id != sketch.key_id and sketch.pseudonym is not plain:
             if saved.key_id:   # hashed under another key: nobody could erase these users by name
-                log.warning("top-users file %s was hashed with another user-id key; starting a new one", path)
+                _warn_once(path, "key", "top-users file %s was hashed with another user-id key; starting a new one",
+                           path)
                 return sketch
             rename = sketch.pseudonym   # saved with plain ids (a tool's): hashed now
         else:
             rename = plain
+        _read_fine(path)
         sketch.observed, sketch.floor = saved.observed, saved.floor
         sketch._users = {(r.tenant, rename(r.user)): [r.count, r.error, r.last_seen,
                                                        {(m, x): [k, at] for m, x, k, at in r.inputs}

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from dynbatchd.config.rules import check_references
+from dynbatchd.config.rules import check_names, check_references
 from dynbatchd.config.schema import ChannelSettings, Config, GigaBytes, ModelSettings
 from dynbatchd.config.shared import fold, plugin_keys_of, split
 from dynbatchd.errors import ConfigError
@@ -80,6 +80,7 @@ def parse(data: dict[str, Any], source: str = "<memory>") -> Config:
     for section, typ in (("models", ModelSettings), ("channels", ChannelSettings)):
         table = data.get(section)
         if isinstance(table, dict):
+            check_names(source, section, table)   # before an entry's error names a name of megabytes
             data[section] = {name: convert(sub, typ, source, f"{section}.{name}") for name, sub in table.items()}
     memory = data.get("devices", {}).get("memory_gb") if isinstance(data.get("devices"), dict) else None
     if isinstance(memory, dict):   # one device's value at a time, so that the error names the device

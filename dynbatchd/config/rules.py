@@ -14,6 +14,10 @@ from dynbatchd.errors import ConfigError
 
 
 HOST_PORT = re.compile(r"^[\w.\-\[\]:]*:(\d{1,5})$")
+NAME_CHARS = 128   # a channel's or model's name: log lines, error replies and metrics labels carry it
+NAME_SHOWN = 40    # of a name too long, the characters an error shows
+IPC_PATH_BYTES = 107   # sockaddr_un's sun_path on Linux, less its closing NUL
+TWIN_MARK = "~"    # reserved: the engine names a canary's twin channel NAME~canary (tuning.canary.CANARY_SUFFIX)
 
 
 def host_port_problem(listen: str) -> str | None:
@@ -36,6 +40,30 @@ def channels_carrying(channels: Mapping[str, Any], tag: str, routes: Iterable[An
     key = spelt(tag)
     named = {name for name, channel in channels.items() if any(spelt(t) == key for t in channel.carries)}
     return named | {route.channel for route in routes if route.tag is not None and spelt(route.tag) == key}
+
+
+def shortened(name: str, keep: int = NAME_SHOWN) -> str:
+    """`name` as an error shows it: whole if short, else its first `keep` characters and its length,
+    so that a name of megabytes does not make a log line or a reply of megabytes."""
+    return name if len(name) <= keep else f"{name[:keep]}...({len(name)} characters)"
+
+
+def _name_problem(section: str, name: str) -> str | None:
+    """Why `name` cannot name an entry of [channels] or [models] (`section`), or None."""
+    if len(name) > NAME_CHARS:
+        return f"a name of at most {NAME_CHARS} characters, got {len(name)}"
+    if section == "channels" and TWIN_MARK in name:
+        return (f"a channel name may not contain {TWIN_MARK!r}: the daemon reserves it for a canary's "
+                f"twin channel (NAME{TWIN_MARK}canary)")
+    return None
+
+
+def check_names(source: str, section: str, names: Iterable[str]) -> None:
+    """The names of [channels] or [models] (`section`): bounded, and no channel named like a
+    canary's twin. Callable on a file's raw tables too, before their entries are converted."""
+    for name in names:
+        if problem := _name_problem(section, name):
+            raise ConfigError(source, f"{section}.{shortened(name)}", problem)
 
 
 def _check_ray(src: str, devices: DeviceSettings) -> None:
@@ -67,14 +95,16 @@ def _check_generation_targets(cfg: Config, name: str) -> None:
 
 def check_references(cfg: Config) -> None:
     src = cfg.source
+    check_names(src, "models", cfg.models)
+    check_names(src, "channels", cfg.channels)
     if not cfg.channels:
         raise ConfigError(src, "channels", "at least one channel is required")
     if not cfg.models:
         raise ConfigError(src, "models", "at least one model is required")
     if cfg.routing.default not in cfg.channels:
-        raise ConfigError(src, "routing.default", f"names unknown channel {cfg.routing.default!r}")
+        raise ConfigError(src, "routing.default", f"names unknown channel {shortened(cfg.routing.default)!r}")
     if cfg.cache.warmup_channel and cfg.cache.warmup_channel not in cfg.channels:
-        raise ConfigError(src, "cache.warmup_channel", f"names unknown channel {cfg.cache.warmup_channel!r}")
+        raise ConfigError(src, "cache.warmup_channel", f"names unknown channel {shortened(cfg.cache.warmup_channel)!r}")
     for name, ch in cfg.channels.items():
         if ch.window_ms > ch.deadline_ms:
             raise ConfigError(src, f"channels.{name}.window_ms",
@@ -86,6 +116,10 @@ def check_references(cfg: Config) -> None:
         ep = getattr(cfg.daemon, ep_key)
         if not re.match(r"^(tcp|ipc|inproc)://.+", ep):
             raise ConfigError(src, f"daemon.{ep_key}", f"{ep!r} is not a ZeroMQ endpoint (tcp://, ipc://)")
+        if ep.startswith("ipc://") and len(ep[len("ipc://"):].encode()) > IPC_PATH_BYTES:
+            raise ConfigError(src, f"daemon.{ep_key}",
+                              f"an ipc:// path is at most {IPC_PATH_BYTES} bytes (the limit of a Unix socket's "
+                              f"name), not {len(ep[len('ipc://'):].encode())}: binding it fails with 'file name too long'")
     control = cfg.daemon.control
     if control.startswith("ipc://@"):
         raise ConfigError(src, "daemon.control",

@@ -27,7 +27,7 @@ from collections import deque
 from typing import Any
 
 from dynbatchd.errors import OptionError
-from dynbatchd.scheduler.options import Options
+from dynbatchd.scheduler.options import Options, check_entries
 from dynbatchd.scheduler.policies import MS, LaneState
 from dynbatchd.scheduler.windowkit import SECOND
 
@@ -150,6 +150,7 @@ class BanditWindow:
 
 
 def _fractions(value: Any, where: str) -> list[float]:
+    check_entries(value, where)
     if not isinstance(value, list) or not value or not all(isinstance(v, (int, float)) and 0 <= v <= 1 for v in value):
         raise OptionError(where, f"expected a non-empty list of fractions between 0 and 1, got {value!r}")
     return [float(v) for v in value]

@@ -7,6 +7,15 @@ from typing import Any
 
 from dynbatchd.errors import OptionError
 
+MAX_ENTRIES = 64   # of a policy's list option (bandit's windows and caps, tiered's tiers): a few arms or tiers
+
+
+def check_entries(value: Any, where: str) -> None:
+    """Refuse a list option of more than MAX_ENTRIES entries, before anything iterates over it: a
+    policy built from thousands (x thousands, for the bandit's arms) held the event loop at reload."""
+    if isinstance(value, (list, tuple)) and len(value) > MAX_ENTRIES:
+        raise OptionError(where, f"at most {MAX_ENTRIES} entries, got {len(value)}")
+
 
 class Options:
     """Checked access to one policy's options table; leftovers are errors."""

@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from dynbatchd.errors import OptionError
-from dynbatchd.scheduler.options import Options
+from dynbatchd.scheduler.options import Options, check_entries
 from dynbatchd.scheduler.policies import MS, LaneState
 from dynbatchd.scheduler.windowkit import SECOND, _where
 
@@ -48,6 +48,7 @@ class TieredWindow:
 
     @classmethod
     def parse_tiers(cls, raw: Any, where: str, cap_ms: float | None = None) -> "TieredWindow":
+        check_entries(raw, where)
         if not isinstance(raw, (list, tuple)) or not raw:
             raise OptionError(where, "expected a non-empty list of tiers, e.g. "
                              "[{below_tokens = 512, window_ms = 20}, {window_ms = 100}]")
