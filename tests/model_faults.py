@@ -15,6 +15,13 @@ class StopTheWorld(BaseException):
     """Not an Exception: what a model's `except Exception` (and a worker's) does not catch."""
 
 
+class Unprintable(Exception):
+    """An exception whose text cannot be read: its __str__ raises."""
+
+    def __str__(self):
+        raise RuntimeError("no text")
+
+
 def _deep(levels):
     value = []
     for _ in range(levels):
@@ -100,6 +107,9 @@ def _act(text, n):
             os._exit(0)
         time.sleep(0.2)   # (the child has written its pid)
         os._exit(5)
+    if kind == "print":   # "print:TEXT": a model that prints its inputs (and flushes: the reply follows the write)
+        print(text, flush=True)
+        return None
     if kind == "stdout":
         sys.stdout.write("x" * (4 << 20))
         sys.stdout.flush()
@@ -135,7 +145,10 @@ def echo(inputs):
 
 def __getattr__(name):
     """`model_faults:exits_at_load` as a target: looking it up raises SystemExit, as a model module
-    that calls sys.exit() at import does."""
+    that calls sys.exit() at import does; `model_faults:unprintable_at_load` raises an exception
+    whose text cannot be read."""
     if name == "exits_at_load":
         raise SystemExit(0)
+    if name == "unprintable_at_load":
+        raise Unprintable()
     raise AttributeError(name)

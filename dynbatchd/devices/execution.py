@@ -32,6 +32,22 @@ class WorkerStopping(SystemExit):
     thread, so the worker held its batch until the watchdog killed it."""
 
 
+MAX_DESCRIBED = 1000   # characters of an exception's text in a Failed message or log line
+
+
+def describe(exc: BaseException) -> str:
+    """`exc` as "TypeName: its text", the text only when str() works (cut to MAX_DESCRIBED): a
+    model's exception whose __str__ raised once ended the worker while it was reporting it."""
+    name = type(exc).__name__
+    try:
+        text = str(exc)
+    except WorkerStopping:
+        raise
+    except BaseException:
+        return f"{name} (its message could not be read)"
+    return f"{name}: {text[:MAX_DESCRIBED]}" if text else name
+
+
 class Undecodable:
     """An input the worker could not rebuild from its frames (`worker.decode_inputs`): refused alone."""
 

@@ -152,11 +152,15 @@ class DevicePool:
             raise RuntimeError("; ".join(f"{w.name}: {w.failure}" for w in failed))
 
     async def _spawn(self, worker: Worker) -> None:
+        """Start `worker`'s process. Its stdout goes nowhere: nothing of the worker's own speaks there
+        (its log lines go to stderr, the daemon's log), and a model that printed its inputs put
+        payloads in the log. Its stderr stays the daemon's: log lines, tracebacks, native libraries' errors."""
         worker.state = "starting"
         worker.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dynbatchd.devices.worker", "--endpoint", self.endpoint,
             "--name", worker.name, "--log-level", self.log_level,
-            "--log-format", self.log_format, stdin=asyncio.subprocess.DEVNULL, start_new_session=True,
+            "--log-format", self.log_format, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
             env={**os.environ, DEVICE_LOCKS_ENV: self.ipc_dir})   # feeders of a simulated device take turns
         self._tasks.append(asyncio.ensure_future(self._supervise(worker, worker.proc)))
 

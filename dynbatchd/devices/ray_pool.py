@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dynbatchd import protocol as P
+from dynbatchd.devices.execution import describe
 from dynbatchd.devices.restarts import RestartBudget
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ class RayWorker:
         try:
             self.runners = load_runners(self.setup)
         except Exception as exc:   # reported by ready(), as a local worker's Failed message
-            self.runners, self.failure = {}, f"{type(exc).__name__}: {exc}"
+            self.runners, self.failure = {}, describe(exc)
 
     def ready(self) -> dict[str, Any]:
         import ray

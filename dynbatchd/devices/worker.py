@@ -24,7 +24,7 @@ import numpy as np
 import zmq
 
 from dynbatchd import protocol as P
-from dynbatchd.devices.execution import Execution, Undecodable, WorkerStopping, execute  # noqa: F401 (execute: imported from here by tests)
+from dynbatchd.devices.execution import Execution, Undecodable, WorkerStopping, describe, execute  # noqa: F401 (execute: imported from here by tests)
 from dynbatchd.devices.pipeline import Finished, Pipeline
 from dynbatchd.devices.runners import Runner
 from dynbatchd.memory import batch_peak_bytes
@@ -65,6 +65,9 @@ def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: boo
     `memory_bytes`: torch's peak allocated during the batch (`dynbatchd.memory.batch_peak_bytes`)."""
     out = _combine(run)
     if isinstance(out, np.ndarray):
+        out, problem = wire_array(out)
+        if problem is not None:
+            return [refused_array(batch_id, compute_ns, run, simulated, problem)]
         header = P.BatchResult(batch_id, compute_ns, P.TensorRef(str(out.dtype), list(out.shape), 0),
                                None, run.errors, run.oom, simulated, run.rejected, prepare_ns, memory_bytes)
         try:
@@ -76,6 +79,23 @@ def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: boo
                                                run.rejected, prepare_ns, memory_bytes))]
     except Exception as exc:   # a lone surrogate, nesting too deep, an object: once ended the worker
         return [unsendable(batch_id, compute_ns, run, simulated, out, exc)]
+
+
+def wire_array(out: np.ndarray) -> tuple[np.ndarray, str | None]:
+    """`out` as the wire carries it, in native byte order (the daemon refused a big-endian `>f4`
+    as an unsupported dtype, failing the whole batch), or why it cannot go: a dtype the protocol
+    does not carry (`protocol.DTYPES`). An object array's buffer is pointers, which once went out."""
+    native = out.dtype if out.dtype.isnative else out.dtype.newbyteorder("=")
+    if native.fields is not None or native.name not in P.DTYPES:
+        return out, f"dtype {str(out.dtype)[:80]} is not one the wire carries ({', '.join(P.DTYPES)})"
+    return (out if native is out.dtype else out.astype(native)), None
+
+
+def refused_array(batch_id: int, compute_ns: int, run: Execution, simulated: bool, problem: str) -> bytes:
+    """The result of a batch whose stacked output array cannot go out (`wire_array`): each of its
+    outputs is answered model_error saying why; inputs that had failed keep their own error."""
+    errors = {i: run.errors.get(i, f"model output could not be encoded ({problem})") for i in range(len(run.outputs))}
+    return P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, None, errors, run.oom, simulated, run.rejected))
 
 
 def unsendable(batch_id: int, compute_ns: int, run: Execution, simulated: bool, out: np.ndarray | list[Any],
@@ -110,8 +130,10 @@ def _encoding_problem(value: Any) -> Exception | None:
 
 
 def _reason(exc: Exception) -> str:
-    reason = getattr(exc, "reason", None) if isinstance(exc, UnicodeError) else str(exc)
-    return f"{type(exc).__name__}: {reason}"
+    """The error's kind and reason: a UnicodeError's own text quotes the output, so only its reason."""
+    if isinstance(exc, UnicodeError):
+        return f"{type(exc).__name__}: {exc.reason}"
+    return describe(exc)
 
 
 def decode_inputs(msg: P.BatchMsg, frames: list[bytes]) -> tuple[list[Any], list[int]]:
@@ -168,8 +190,9 @@ def serve(endpoint: str, name: str) -> int:
     except WorkerStopping:
         raise
     except BaseException as exc:   # SystemExit at a model's import once ended the worker without a word
-        log.error("worker %s could not load its models: %s", name, exc)
-        sock.send(P.encoder.encode(P.Failed(f"{type(exc).__name__}: {exc}")))
+        failure = describe(exc)   # (an exception whose __str__ raises: f"{exc}" ended the worker unheard)
+        log.error("worker %s could not load its models: %s", name, failure)
+        sock.send(P.encoder.encode(P.Failed(failure)))
         return 1
     simulated = [n for n, r in runners.items() if r.simulated]
     sock.send(P.encoder.encode(P.Ready(os.getpid(), setup.device, list(runners), simulated)))
@@ -290,7 +313,7 @@ def _adopt_models(sock: zmq.Socket, name: str, setup: P.Setup, runners: dict[str
         except WorkerStopping:
             raise
         except BaseException as exc:
-            failed[spec.name] = f"{type(exc).__name__}: {exc}"
+            failed[spec.name] = describe(exc)
             log.error("worker %s could not load the reloaded model %s: %s", name, spec.name, failed[spec.name])
     for model in set(runners) - set(fresh):
         log.info("worker %s unloaded model %s", name, model)

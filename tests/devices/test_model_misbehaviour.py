@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import pytest
 from conftest import start_daemon
 from helpers import Failure, outcomes, wait_until
@@ -128,3 +129,65 @@ def test_a_model_that_exits_while_loading_stops_the_start_saying_why(tmp_path):
     with pytest.raises(RuntimeError, match="exited with 1 while starting") as failed:
         start_daemon(tmp_path, body, ready_timeout=60, cpu_threads=1)
     assert "could not start device workers: w0-cpu: SystemExit" in str(failed.value)
+
+
+def test_what_a_model_prints_stays_out_of_the_log_while_its_workers_log_lines_reach_it(daemon):
+    """Workers inherited the daemon's stdout: a model printing its inputs put payloads in the log."""
+    printed = "print:a-payload-that-must-not-be-logged"
+    with Client(daemon.endpoint) as client:
+        assert beside_a_mate_and_a_bystander(client, printed) == [printed, "mate", "bystander"]
+        [failed] = outcomes([client.submit("fault", "recursion", timeout=20)], timeout=30)
+        assert failed == Failure("model_error"), failed
+    # the worker's own warning about the failing batch (stderr) still reaches the log
+    wait_until(lambda: "worker[w0-cpu] WARNING model fault failed a batch" in daemon.logs(), 10,
+               message="the worker's own log line never reached the log")
+    assert "a-payload-that-must-not-be-logged" not in daemon.logs()
+
+
+def test_a_model_load_error_whose_text_cannot_be_read_stops_the_start_naming_its_type(tmp_path):
+    """An exception whose __str__ raises, while a model loads: formatting it for the Failed message
+    raised again and ended the worker unheard; the daemon restarted it until it gave the device up."""
+    body = BODY.replace('"model_faults:by_input"', '"model_faults:unprintable_at_load"')
+    with pytest.raises(RuntimeError, match="exited with 1 while starting") as failed:
+        start_daemon(tmp_path, body, ready_timeout=60, cpu_threads=1)
+    assert "could not start device workers: w0-cpu: Unprintable (its message could not be read)" in str(failed.value)
+
+
+def test_a_reloaded_model_whose_load_error_cannot_be_read_is_failed_and_the_worker_serves_on(daemon):
+    """The same exception from a model a reload adds: the worker died reporting it, and with it
+    every model it served."""
+    pid = the_worker(daemon)[0]
+    daemon.config.write_text(daemon.config.read_text() + '\n[models.late]\nrunner = "callable"\n'
+                             'options = { target = "model_faults:unprintable_at_load" }\n')
+    assert daemon.call("reload", timeout_s=30)["added"]["models"] == ["late"]
+    failed = wait_until(lambda: daemon.status()["models"]["failed"], 30, message="the reloaded model never failed")
+    assert failed["late"].endswith("Unprintable (its message could not be read)"), failed
+    with Client(daemon.endpoint) as client:
+        assert client.infer("fault", "after", timeout=20) == "after"
+    assert the_worker(daemon)[0] == pid
+
+
+def test_a_big_endian_array_is_answered_in_native_byte_order(daemon):
+    """A `>f4` array went out as dtype '>f4', which the daemon refused: the whole batch model_error."""
+    with Client(daemon.endpoint) as client:
+        got = beside_a_mate_and_a_bystander(client, "array-bigendian")
+    assert isinstance(got[0], np.ndarray) and got[0].dtype == np.float32 and got[0] == 0, got
+    assert got[1] == "mate" or (isinstance(got[1], np.ndarray) and got[1] == 1), got   # in its batch or not
+    assert got[2] == "bystander"
+
+
+@pytest.mark.parametrize(("fault", "dtype"), [("array-object", "dtype object"), ("array-complex", "dtype complex128"),
+                                               ("array-structured", "dtype [('f0'")])
+def test_an_array_of_a_dtype_the_wire_does_not_carry_is_refused_by_the_worker_naming_it(daemon, fault, dtype):
+    """An object array's pointer bytes went to the daemon, which refused the whole answer as
+    'unsupported dtype' (so did it a complex or structured array's)."""
+    worker = the_worker(daemon)
+    with Client(daemon.endpoint) as client:
+        got = beside_a_mate_and_a_bystander(client, fault)
+        assert got[0] == Failure("model_error") and "could not be encoded" in got[0].message, got
+        assert dtype in got[0].message and "wire carries" in got[0].message, got
+        assert got[1] == "mate" or dtype in got[1].message, got   # in its batch or not
+        assert got[2] == "bystander"
+        assert client.infer("fault", "after", timeout=20) == "after"
+    assert the_worker(daemon) == worker
+    assert "answered batch" not in daemon.logs() and "Traceback" not in daemon.logs()
