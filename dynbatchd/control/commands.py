@@ -159,7 +159,7 @@ def tune(daemon, channel: str, by: str = "local", force: bool = False, dry_run: 
     force, dry_run, rollback = flag("force", force), flag("dry_run", dry_run), flag("rollback", rollback)
     why = reason(why)
     if channel not in daemon.config.channels:
-        raise CommandError(f"no channel named {channel!r}")
+        raise CommandError(f"no channel named {_shown(channel)}")
     if rollback:
         if changes:
             raise CommandError("rollback takes no settings")
@@ -201,7 +201,7 @@ def canary(daemon, action: str = "status", channel: str | None = None, share: fl
     if action not in ("start", "stop"):
         raise CommandError(f"canary action is status, start or stop; not {action!r}")
     if channel not in daemon.config.channels:
-        raise CommandError(f"no channel named {channel!r}")
+        raise CommandError(f"no channel named {_shown(channel)}")
     if action == "stop":
         try:
             return daemon.canary.stop(channel)
@@ -290,7 +290,7 @@ def warmup(daemon, top_users: int = 10_000, model: str | None = None) -> dict[st
         raise CommandError("the result cache is off: set [cache] entries in the config to use warmup")
     top_users = count("top_users", top_users, least=1)
     if model is not None and model not in daemon.config.models:
-        raise CommandError(f"no model named {model!r}")
+        raise CommandError(f"no model named {_shown(model)}")
     unready = daemon.membership.unready(model) if model is not None else None
     if unready:   # its batches would fail unseen, each input counted as warmed and nothing cached
         raise CommandError(f"{unready}: nothing to warm it up on")
