@@ -93,7 +93,8 @@ class Reloads:
         log.info("configuration %s by %s: %s%s", word, by, self._reload_text(plan, refused),
                  "; FORCED past the risk assessment" if refused else "")
         if plan["dropped_overrides"]:
-            log.info("tuning overrides dropped, the config file changed them: %s", ", ".join(plan["dropped_overrides"]))
+            log.info("tuning overrides dropped (the config file changed them, removed their channel, or they "
+                     "no longer fit it): %s", ", ".join(plan["dropped_overrides"]))
         return plan
 
     async def _plan_on_current_tuning(self, config: Config | None) -> tuple[dict[str, Any], Config, Overrides, Config]:
