@@ -7,10 +7,16 @@ optionally, the channels it may reach. Removing the file revokes the key: the do
 file at each request (one stat; read again when it changed), so no restart is needed; only a
 regular file of at most 64 KiB is read (`read_key_file`), since the read is on the event loop. Keys are compared with `hmac.compare_digest`, and an unknown name is compared against a
 dummy hash, so the time taken says nothing of which part was wrong.
+
+Whoever may write ``KEYS_DIR`` or ``KEYS_DIR/http`` can add a key of their own for any tenant, so no
+key is taken from such a directory (as CURVE takes none from such a ``clients/``). A file that could
+not be opened or read (an OSError: EMFILE while connections flood the daemon, EIO) is read again at
+the next request: only what the file itself holds is remembered until it changes.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import logging
@@ -60,6 +66,16 @@ def digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
 
 
+def _make_private(directory: Path) -> None:
+    """Make KEYS_DIR/http (mode 0700) and KEYS_DIR where missing, neither writable by group or
+    others: a parent made by mkdir takes the umask's mode (0775 under a umask of 002), and the door
+    takes no key from a directory its group may write (`KeyStore._directory_is_safe`)."""
+    missing = [d for d in (directory.parent, directory) if not d.exists()]
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for made in missing:
+        os.chmod(made, stat.S_IMODE(os.stat(made).st_mode) & ~0o022)
+
+
 def create(keys_root: str | os.PathLike, name: str, tenant: str, channels: list[str] = (), *,
            force: bool = False) -> str:
     """Make a key for `name`, store its hash, and return the key (shown once, never stored)."""
@@ -68,7 +84,7 @@ def create(keys_root: str | os.PathLike, name: str, tenant: str, channels: list[
     if not tenant:
         raise ValueError("a key needs a tenant")
     directory = keys_dir(keys_root)
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    _make_private(directory)
     path = directory / f"{name}{SUFFIX}"
     if path.exists() and not force:
         raise FileExistsError(f"{path} exists (--force replaces it, revoking the old key)")
@@ -107,11 +123,17 @@ def read_all(directory: Path) -> dict[str, KeyRecord]:
 
 
 def read_key_file(path: Path) -> KeyRecord | None:
-    """The record of one key file, or None (logged once, by name and reason, never its content).
+    """The record of one key file, or None (logged once, by name and reason, never its content)."""
+    return read_key_file_lasting(path)[0]
+
+
+def read_key_file_lasting(path: Path, *, log_failure: bool = True) -> tuple[KeyRecord | None, bool]:
+    """(the record of one key file or None, whether that outcome lasts until the file changes).
 
     Only a regular file of at most MOST_BYTES is read: the door reads on the event loop, where
     a link to /dev/zero would be read forever and a FIFO would block it (hence O_NONBLOCK, and
-    the type checked on the open descriptor, not on a name that may change in between)."""
+    the type checked on the open descriptor, not on a name that may change in between). An OSError
+    does not last: out of file descriptors for a moment, a good key must not stay refused."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
         try:
@@ -123,13 +145,17 @@ def read_key_file(path: Path) -> KeyRecord | None:
             os.close(fd)
         if len(data) > MOST_BYTES:
             raise _Refused(f"larger than {MOST_BYTES // 1024} KiB")
-        return msgspec.json.decode(data, type=KeyRecord)
+        return msgspec.json.decode(data, type=KeyRecord), True
     except _Refused as exc:
-        reason = str(exc)
-    except (OSError, msgspec.DecodeError, msgspec.ValidationError) as exc:
-        reason = type(exc).__name__
-    log.warning("HTTP key file %s is unreadable (%s): that key is refused", path, reason)
-    return None
+        reason, lasting = str(exc), True
+    except OSError as exc:
+        reason, lasting = type(exc).__name__ + (f" {errno.errorcode.get(exc.errno, '')}" if exc.errno else ""), False
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        reason, lasting = type(exc).__name__, True
+    if log_failure:
+        log.warning("HTTP key file %s is unreadable (%s): that key is refused%s", path, reason.strip(),
+                    "" if lasting else " until it can be read")
+    return None, lasting
 
 
 class _Refused(DynbatchdError):
@@ -143,6 +169,8 @@ class KeyStore:
     def __init__(self, keys_root: str | os.PathLike):
         self.directory = keys_dir(keys_root)
         self._records: dict[str, tuple[Any, KeyRecord | None]] = {}   # name -> (file stamp, record)
+        self._unreadable: dict[str, Any] = {}   # name -> stamp of a file an OSError kept from being read (logged)
+        self._unsafe_logged: tuple[str, int] | None = None   # (directory, mode) last logged as writable by others
 
     def __len__(self) -> int:
         return len(read_all(self.directory))
@@ -156,22 +184,46 @@ class KeyStore:
         except OSError:   # revoked, or never made
             self._records.pop(name, None)
             return None
-        stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
+        stamp = (info.st_ino, info.st_mtime_ns, info.st_ctime_ns, info.st_size)
         cached = self._records.get(name)
         if cached is not None and cached[0] == stamp:
             return cached[1]
-        record = read_key_file(path)   # a bad file is logged once: its stamp is kept with its None
+        record, lasting = read_key_file_lasting(path, log_failure=self._unreadable.get(name) != stamp)
         if len(self._records) > 100_000:
             self._records.clear()
-        self._records[name] = (stamp, record)
+            self._unreadable.clear()
+        if lasting:   # a bad file is logged once: its stamp is kept with its None
+            self._records[name] = (stamp, record)
+            self._unreadable.pop(name, None)
+        else:   # read again at the next request, logged again only once the file changed
+            self._records.pop(name, None)
+            self._unreadable[name] = stamp
         return record
+
+    def _directory_is_safe(self) -> bool:
+        """False while the group or others may write KEYS_DIR or KEYS_DIR/http: they could add a key
+        of their own, for any tenant. Logged once per directory and mode; a missing one is safe
+        (it holds no key)."""
+        for directory in (self.directory.parent, self.directory):
+            try:
+                mode = os.stat(directory).st_mode
+            except OSError:
+                continue
+            if mode & 0o022:
+                if self._unsafe_logged != (str(directory), mode):
+                    self._unsafe_logged = (str(directory), mode)
+                    log.warning("HTTP keys: no key of %s is accepted: its group or others may write it "
+                                "(chmod go-w %s)", directory, directory)
+                return False
+        self._unsafe_logged = None
+        return True
 
     def check(self, key: str | None) -> Caller | None:
         """The caller `key` stands for, or None (no key, a malformed or wrong one, a revoked one)."""
         name = ""
         if key and key.startswith(PREFIX):
             name = key[len(PREFIX):].partition("_")[0]
-        record = self._record(name) if name else None
+        record = self._record(name) if name and self._directory_is_safe() else None
         expected = record.sha256 if record is not None else DUMMY
         same = hmac.compare_digest(digest(key or ""), expected)
         if record is None or not same:

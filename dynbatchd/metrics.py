@@ -1,8 +1,8 @@
-"""Prometheus exposition of the daemon's status, on a tiny asyncio HTTP endpoint.
+"""Prometheus exposition of the daemon's status: the page (`render`); the endpoint that serves it
+is `dynbatchd.metrics_endpoint` (``serve``, imported here too).
 
-Enabled with ``[daemon] metrics_listen = "127.0.0.1:9464"``. Serves
-``GET /metrics`` in the text format (version 0.0.4); anything else is 404.
-Only counts, sizes and times are exported: never payloads.
+Enabled with ``[daemon] metrics_listen = "127.0.0.1:9464"``: ``GET /metrics`` in the text
+format (version 0.0.4). Only counts, sizes and times are exported: never payloads.
 
 Names follow Prometheus conventions: counters end in ``_total``, and a figure
 with a unit names it (``_seconds``, ``_bytes``, ``_watts``, ``_ratio`` for
@@ -15,16 +15,13 @@ lists every family; grafana/dynbatchd.json is a dashboard over them.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import math
 import platform
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 from dynbatchd import __version__
+from dynbatchd.metrics_endpoint import HEAD_TIMEOUT_S, MAX_CONNECTIONS, serve  # noqa: F401  (the endpoint)
 
-log = logging.getLogger(__name__)
-HEAD_TIMEOUT_S = 5.0   # for a scrape's whole head: a client sending a header a second cannot hold a connection
 
 # (status key, metric, help): per channel, from `status["channels"][name]`.
 _CHANNEL_COUNTERS = (
@@ -333,65 +330,3 @@ def _generation(page: _Page, gen: dict[str, Any] | None) -> None:
             page.sample(f"{name}_bucket", _labels(channel=c, le="+Inf"), q["count"])
             page.sample(f"{name}_sum", _labels(channel=c), q["sum_ms"] / 1000)
             page.sample(f"{name}_count", _labels(channel=c), q["count"])
-
-
-async def serve(listen: str, page: Callable[[], str]) -> asyncio.AbstractServer:
-    """Serve `page()` (Prometheus text) at GET /metrics on `listen` (HOST:PORT)."""
-    host, _, port = listen.rpartition(":")
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            try:
-                request_line = await _read_head(reader)
-            except ValueError:   # a line past the reader's limit: answered, never an unhandled error
-                await _answer(writer, "431 Request Header Fields Too Large", b"request line or header too large\n")
-                await _discard(reader, writer)
-                return
-            await _answer(writer, *_page_or_404(request_line, page))
-        except (asyncio.TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
-
-    server = await asyncio.start_server(handle, host or "127.0.0.1", int(port))
-    log.info("Prometheus metrics on http://%s/metrics", listen)
-    return server
-
-
-async def _read_head(reader: asyncio.StreamReader) -> bytes:
-    """The request line, its headers read and dropped. ValueError: a line past the reader's limit
-    (64 KiB; asyncio raises it from readline), which a scraper never sends."""
-    async with asyncio.timeout(HEAD_TIMEOUT_S):
-        request_line = await reader.readline()
-        while (await reader.readline()) not in (b"\r\n", b"\n", b""):
-            pass
-    return request_line
-
-
-def _page_or_404(request_line: bytes, page: Callable[[], str]) -> tuple[str, bytes]:
-    """(status line, body): the page for GET /metrics, else 404."""
-    parts = request_line.decode("latin-1").split()
-    if not (len(parts) >= 2 and parts[0] == "GET" and parts[1].split("?")[0] == "/metrics"):
-        return "404 Not Found", b"not found: try /metrics\n"
-    try:
-        return "200 OK", page().encode()
-    except Exception:   # a scrape must get an answer, and the daemon must not lose its loop
-        log.exception("could not render the metrics page")
-        return "500 Internal Server Error", b"could not render the metrics page: see the daemon's log\n"
-
-
-async def _answer(writer: asyncio.StreamWriter, head: str, body: bytes) -> None:
-    writer.write(f"HTTP/1.1 {head}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
-    await writer.drain()
-
-
-async def _discard(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, budget: int = 1 << 20) -> None:
-    """After answering a head it did not read to its end: drop what the client still sends (up to
-    `budget` bytes and HEAD_TIMEOUT_S), so closing with unread data does not reset the connection
-    and lose the answer before the client reads it."""
-    if writer.can_write_eof():
-        writer.write_eof()
-    async with asyncio.timeout(HEAD_TIMEOUT_S):
-        while budget > 0 and (data := await reader.read(65536)):
-            budget -= len(data)

@@ -107,7 +107,7 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
                 async with asyncio.timeout(self.settings.body_timeout_s):
                     await writer.drain()
                 if conn.their_state in (h11.IDLE, h11.SEND_BODY, h11.ERROR):   # answered before the end
-                    await self._linger(reader, writer)
+                    await self._linger(conn, reader, writer)
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     break
                 conn.start_next_cycle()
@@ -116,25 +116,44 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
                      extra=request_fields(gone.request_id))
         except (ConnectionError, TimeoutError):
             log.info("HTTP client %s did not take its answer: connection closed", peer)
+        except asyncio.CancelledError:   # stop() ends it: ended quietly, for asyncio (3.11) logs a traceback
+            pass                         # at ERROR for each cancelled connection task
         except Exception as exc:   # a bug costs this connection, never the daemon's log a traceback with payload
             log.error("HTTP connection from %s failed: %s", peer, type(exc).__name__)
         finally:
             self._connections.pop(task, None)
             writer.close()
 
-    async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _linger(self, conn: h11.Connection, reader: asyncio.StreamReader,
+                      writer: asyncio.StreamWriter) -> None:
         """Before closing on a request it did not read to the end, drop what the client still sends (up to
         header_timeout_s and 4 x max_request_bytes): a client that sends its whole body before
-        reading then reads the answer, not a reset."""
+        reading then reads the answer, not a reset. It stops once the body has all come: TLS cannot
+        half-close, so a client reading to the close would otherwise wait header_timeout_s, and hold
+        a connection, after every request refused before its body (401, 403, 413...)."""
         budget = 4 * self.api.max_request_bytes
         if writer.can_write_eof():   # (TLS cannot half-close)
             writer.write_eof()
         try:
             async with asyncio.timeout(self.settings.header_timeout_s):
-                while budget > 0 and (data := await reader.read(READ_SIZE)):
+                while budget > 0 and not self._body_ended(conn) and (data := await reader.read(READ_SIZE)):
                     budget -= len(data)
+                    if conn.their_state is h11.SEND_BODY:   # else dropped unparsed: no buffer grows
+                        conn.receive_data(data)
         except (TimeoutError, ConnectionError):
             pass
+
+    @staticmethod
+    def _body_ended(conn: h11.Connection) -> bool:
+        """Whether the client's request, body included, has all come (what is left of it is dropped);
+        False while its end is unknown: no head (IDLE) or a malformed body (ERROR) are read to the close."""
+        try:
+            while conn.their_state is h11.SEND_BODY and (event := conn.next_event()) is not h11.NEED_DATA:
+                if isinstance(event, h11.ConnectionClosed):
+                    return True
+        except h11.RemoteProtocolError:
+            return False
+        return conn.their_state in (h11.DONE, h11.MUST_CLOSE)   # (MUST_CLOSE: ended, on a connection closing)
 
     async def _event(self, conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
         while (event := conn.next_event()) is h11.NEED_DATA:
