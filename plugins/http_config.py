@@ -9,12 +9,16 @@ name the key (``http.listen``) and the rule, as a core table's do.
 
 from __future__ import annotations
 
+import stat
+from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
 from msgspec import Meta
 
-from dynbatchd.config import MAX_QUEUE, Config, Frozen, convert, host_port_problem, is_loopback_host
+from dynbatchd.config import (MAX_QUEUE, Config, Frozen, convert, host_port_problem, is_loopback_host,
+                              writable_by_others)
 from dynbatchd.errors import OptionError
+from dynbatchd.httpkeys import keys_dir
 from dynbatchd.hookspecs import hookimpl
 
 class HttpSettings(Frozen, kw_only=True):
@@ -43,6 +47,8 @@ class HttpSettings(Frozen, kw_only=True):
         if bool(self.tls_cert) != bool(self.tls_key):
             raise OptionError("tls_key" if self.tls_cert else "tls_cert",
                               "tls_cert and tls_key go together: a certificate and its private key")
+        if self.listen and self.keys and (problem := _keys_writable_by_others(config.daemon.keys_dir)):
+            raise OptionError("keys", problem)
         if config.daemon.curve and self.listen and not self.keys:
             raise OptionError("keys", "daemon.curve is on and the HTTP door has no API keys: it would serve "
                               "clients whose keys the daemon refuses; set http.keys = true (dynbatchctl "
@@ -53,6 +59,18 @@ class HttpSettings(Frozen, kw_only=True):
                               "loopback needs API keys and TLS (http.keys = true, http.tls_cert and "
                               "http.tls_key): else anyone who reaches the port is served, in clear; listen on "
                               "127.0.0.1 (behind a proxy that authenticates) or set them")
+
+
+def _keys_writable_by_others(keys_root: str) -> str | None:
+    """Why the door would take no key from KEYS_DIR or KEYS_DIR/http (its group or others may write
+    one: they could add a key of their own, for any tenant), or None. Said at check and start, not
+    first as every key refused (`dynbatchd.httpkeys.KeyStore`)."""
+    for directory in (Path(keys_root), keys_dir(keys_root)):
+        if directory.is_dir() and writable_by_others(directory):
+            mode = stat.S_IMODE(directory.stat().st_mode)
+            return (f"{directory} is mode {mode:04o}: its group or others may write it, so they could add an "
+                    f"API key of their own, and the door takes no key from it (chmod go-w {directory})")
+    return None
 
 
 def http_settings(config: Any) -> HttpSettings:

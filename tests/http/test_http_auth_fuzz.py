@@ -162,3 +162,21 @@ def test_a_key_made_under_a_umask_of_002_is_in_directories_only_its_owner_may_wr
     assert stat.S_IMODE(os.stat(tmp_path / "keys").st_mode) == 0o755
     assert stat.S_IMODE(os.stat(tmp_path / "keys" / "http").st_mode) == 0o700
     assert httpkeys.KeyStore(tmp_path / "keys").check(key) is not None
+
+
+def test_check_config_refuses_http_keys_in_a_directory_others_may_write_naming_the_key(tmp_path):
+    """The door takes no key from such a directory: said at check and start, not first as every key refused."""
+    from dynbatchd import config as cfgmod
+    from dynbatchd.plugins import Plugins
+    from dynbatchd.validation import validate_config
+
+    keys = tmp_path / "keys"
+    (keys / "http").mkdir(parents=True, mode=0o700)
+    keys.chmod(0o700)
+    path = tmp_path / "c.toml"
+    path.write_text(f'[daemon]\nkeys_dir = "{keys}"\n[models.m]\nrunner = "noop"\n[channels.c]\nmax_batch = 4\n'
+                    'window_ms = 1\n[routing]\ndefault = "c"\n[http]\nlisten = "127.0.0.1:8080"\nkeys = true\n')
+    validate_config(cfgmod.load(path), Plugins.load())
+    (keys / "http").chmod(0o775)
+    with pytest.raises(cfgmod.ConfigError, match=r"http\.keys: .*/keys/http is mode 0775: its group or others may write"):
+        validate_config(cfgmod.load(path), Plugins.load())
