@@ -126,6 +126,16 @@ def _write_new(path: Path, text: str, mode: int, force: bool) -> None:
             tmp.unlink()
 
 
+def _make_dirs_others_cannot_write(directory: Path) -> None:
+    """Make `directory` and its missing parents, none writable by group or others: mkdir takes the
+    umask's mode (0775 under a umask of 002), and the daemon refuses a keys directory its group may
+    write (`writable_by_others`), so keys made into a new clients/ were refused at the next start."""
+    missing = [d for d in (directory, *directory.parents) if not d.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    for made in missing:
+        os.chmod(made, stat.S_IMODE(os.stat(made).st_mode) & ~0o022)
+
+
 def write_keypair(directory: str | os.PathLike, name: str, *, force: bool = False) -> tuple[Path, Path, str]:
     """A new CURVE key pair (zmq.curve_keypair) as DIRECTORY/NAME.key (public, mode 0644) and
     DIRECTORY/NAME.key_secret (both halves, mode 0600); returns (public file, secret file, public key).
@@ -141,7 +151,7 @@ def write_keypair(directory: str | os.PathLike, name: str, *, force: bool = Fals
     for existing in (public_file, secret_file):
         if existing.exists() and not force:
             raise FileExistsError(errno.EEXIST, f"{existing} exists (--force replaces it)")
-    directory.mkdir(parents=True, exist_ok=True)
+    _make_dirs_others_cannot_write(directory)
     public, secret = (k.decode("ascii") for k in zmq.curve_keypair())
     curve = f'curve\n    public-key = "{public}"\n'
     _write_new(secret_file, "#   ZeroMQ CURVE **Secret** Certificate, written by dynbatchctl keygen.\n"

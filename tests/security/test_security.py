@@ -211,6 +211,17 @@ def test_keygen_writes_a_pair_pyzmq_reads_with_the_secret_0600(tmp_path):
     assert stat.S_IMODE(secret_file.stat().st_mode) == 0o600
 
 
+def test_keygen_under_a_umask_of_002_makes_directories_its_group_cannot_write(tmp_path):
+    """mkdir takes the umask's mode: a new clients/ came out 0775, and the daemon refused it at start."""
+    old = os.umask(0o002)
+    try:
+        cfgmod.write_keypair(tmp_path / "keys" / "clients", "alice")
+    finally:
+        os.umask(old)
+    for directory in (tmp_path / "keys", tmp_path / "keys" / "clients"):
+        assert not cfgmod.writable_by_others(directory), oct(os.stat(directory).st_mode)
+
+
 def test_keygen_defaults_to_the_users_config_directory(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
     result = CliRunner().invoke(ctl.app, ["keygen"])
