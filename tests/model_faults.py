@@ -100,12 +100,17 @@ def _act(text, n):
                 pass
         return None
     if kind == "fork":   # "fork:PATH": a child holding the worker's sockets outlives it, its pid in PATH
+        written, told = os.pipe()
         if os.fork() == 0:
+            os.close(written)
             with open(text.split(":", 1)[1], "a") as out:
                 out.write(f"{os.getpid()}\n")
-            time.sleep(600)
+            os.write(told, b"1")   # its pid is on file: the worker may die now
+            os.close(told)
+            time.sleep(600)   # the fault itself: it outlives the worker, holding its sockets
             os._exit(0)
-        time.sleep(0.2)   # (the child has written its pid)
+        os.close(told)
+        os.read(written, 1)
         os._exit(5)
     if kind == "print":   # "print:TEXT": a model that prints its inputs (and flushes: the reply follows the write)
         print(text, flush=True)
