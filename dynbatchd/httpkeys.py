@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from dynbatchd.config.keys import make_dirs_others_cannot_write
 from dynbatchd.errors import DynbatchdError
 
 log = logging.getLogger(__name__)
@@ -67,13 +68,13 @@ def digest(key: str) -> str:
 
 
 def _make_private(directory: Path) -> None:
-    """Make KEYS_DIR/http (mode 0700) and KEYS_DIR where missing, neither writable by group or
-    others: a parent made by mkdir takes the umask's mode (0775 under a umask of 002), and the door
-    takes no key from a directory its group may write (`KeyStore._directory_is_safe`)."""
-    missing = [d for d in (directory.parent, directory) if not d.exists()]
-    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for made in missing:
-        os.chmod(made, stat.S_IMODE(os.stat(made).st_mode) & ~0o022)
+    """Make KEYS_DIR/http (mode 0700) and its missing parents, none writable by group or others
+    whatever the umask: the door takes no key from a directory its group may write
+    (`KeyStore._directory_is_safe`)."""
+    made = not directory.exists()
+    make_dirs_others_cannot_write(directory)
+    if made:
+        os.chmod(directory, 0o700)
 
 
 def create(keys_root: str | os.PathLike, name: str, tenant: str, channels: list[str] = (), *,
@@ -209,7 +210,7 @@ class KeyStore:
                 mode = os.stat(directory).st_mode
             except OSError:
                 continue
-            if mode & 0o022:
+            if mode & 0o022:   # (as `dynbatchd.config.writable_by_others`, with the mode kept for the log)
                 if self._unsafe_logged != (str(directory), mode):
                     self._unsafe_logged = (str(directory), mode)
                     log.warning("HTTP keys: no key of %s is accepted: its group or others may write it "

@@ -171,7 +171,8 @@ def status(ctx: typer.Context, as_json: bool = JsonOption,
            wide: bool = typer.Option(False, "--wide", help="Show every column, however wide the table."),
            compliance: bool = typer.Option(False, "--compliance",
                                            help="The compliance audit summary instead: refusals and "
-                                                "run-alone decisions per rule, the latest ones, the audit log.")
+                                                "run-alone decisions per rule, the latest ones, the audit log "
+                                                "(an admin key's, where the control socket has CURVE keys).")
            ) -> None:
     """Per-channel queues and batching, per-device workers (fits the terminal; --wide shows all)."""
     data = _control(ctx, "status")

@@ -95,7 +95,8 @@ def tune(ctx: typer.Context,
                                    "canary, promote or roll back) on CHANNEL, else on every busy channel."),
          candidate: Optional[str] = typer.Option(None, "--candidate", metavar="max_batch=N,window_ms=F",
                                                  help="With --auto: assess and canary this setting instead "
-                                                      "of searching (e.g. to test the safeguards)."),
+                                                      "of searching (e.g. to test the safeguards); max_batch "
+                                                      "a whole number, window_ms a finite number."),
          trials: int = typer.Option(30, "--trials", min=1, help="With --auto: simulated settings to try."),
          duration: float = typer.Option(20.0, "--duration", min=1.0,
                                         help="With --auto: seconds of the channel's traffic each trial replays."),

@@ -32,7 +32,8 @@ from __future__ import annotations
 
 from dynbatchd.config.keys import (ADMINS_DIR, CLIENTS_DIR, SERVER_KEY_NAME, KeyFileError, admin_keys_dir,
                                    client_keys_dir, curve_endpoints, read_key_file, server_public_key_file,
-                                   server_secret_key_file, writable_by_others, write_keypair)
+                                   make_dirs_others_cannot_write, server_secret_key_file, writable_by_others,
+                                   write_keypair)
 from dynbatchd.config.paths import (CONFIG_ENV, CONTROL_SOCKET, DEFAULT_CONFIG_PATHS, DEFAULT_KEYS_DIR,
                                     SYSTEM_RUNTIME_DIR, SYSTEM_STATE_DIR, UnsafeDirectory, default_control,
                                     default_state_dir, ensure_private_dir, find_config, private_runtime_dir,
@@ -57,7 +58,7 @@ __all__ = [
     "ModelSettings", "NonNegative", "PerConfig", "PolicySettings", "Priority", "QuotaSettings", "Rate", "RaySettings",
     "RoutingSettings", "SHARED_TABLES", "Seconds", "TenantQuota", "TopUsersSettings", "UnsafeDirectory",
     "admin_keys_dir", "channels_carrying", "check_channel_values", "check_references", "client_keys_dir", "convert",
-    "curve_endpoints", "default_control", "default_state_dir", "ensure_private_dir", "find_config",
+    "curve_endpoints", "default_control", "make_dirs_others_cannot_write", "default_state_dir", "ensure_private_dir", "find_config",
     "host_port_problem", "is_loopback_host", "load", "parse", "plugin_keys_of", "plugin_table", "private_runtime_dir", "read_key_file",
     "read_toml", "runtime_dir", "search_order_text", "server_public_key_file", "server_secret_key_file",
     "split_table", "state_path", "table_of", "to_dict", "with_channel", "writable_by_others", "write_keypair",

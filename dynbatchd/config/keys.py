@@ -126,7 +126,7 @@ def _write_new(path: Path, text: str, mode: int, force: bool) -> None:
             tmp.unlink()
 
 
-def _make_dirs_others_cannot_write(directory: Path) -> None:
+def make_dirs_others_cannot_write(directory: Path) -> None:
     """Make `directory` and its missing parents, none writable by group or others: mkdir takes the
     umask's mode (0775 under a umask of 002), and the daemon refuses a keys directory its group may
     write (`writable_by_others`), so keys made into a new clients/ were refused at the next start."""
@@ -151,7 +151,7 @@ def write_keypair(directory: str | os.PathLike, name: str, *, force: bool = Fals
     for existing in (public_file, secret_file):
         if existing.exists() and not force:
             raise FileExistsError(errno.EEXIST, f"{existing} exists (--force replaces it)")
-    _make_dirs_others_cannot_write(directory)
+    make_dirs_others_cannot_write(directory)
     public, secret = (k.decode("ascii") for k in zmq.curve_keypair())
     curve = f'curve\n    public-key = "{public}"\n'
     _write_new(secret_file, "#   ZeroMQ CURVE **Secret** Certificate, written by dynbatchctl keygen.\n"

@@ -72,8 +72,8 @@ def encode_result(batch_id: int, run: Execution, compute_ns: int, simulated: boo
                                None, run.errors, run.oom, simulated, run.rejected, prepare_ns, memory_bytes)
         try:
             return [P.encoder.encode(header), memoryview(out).cast("B")]
-        except Exception as exc:   # datetime64 and the like have no buffer: once ended the worker
-            return [unsendable(batch_id, compute_ns, run, simulated, out, exc)]
+        except Exception as exc:   # a buffer memoryview cannot cast: never end the worker over it
+            return [refused_array(batch_id, compute_ns, run, simulated, _reason(exc))]
     try:
         return [P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, out, run.errors, run.oom, simulated,
                                                run.rejected, prepare_ns, memory_bytes))]
@@ -98,22 +98,17 @@ def refused_array(batch_id: int, compute_ns: int, run: Execution, simulated: boo
     return P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, None, errors, run.oom, simulated, run.rejected))
 
 
-def unsendable(batch_id: int, compute_ns: int, run: Execution, simulated: bool, out: np.ndarray | list[Any],
+def unsendable(batch_id: int, compute_ns: int, run: Execution, simulated: bool, out: list[Any],
                exc: Exception) -> bytes:
-    """The result of a batch whose outputs `out` (`_combine`'s) cannot all be encoded: those that
-    cannot alone (all of an array) are answered model_error, the others go out as values. Only
-    the error's kind and reason go out (a UnicodeEncodeError's text quotes the output)."""
+    """The result of a batch whose outputs `out` (`_combine`'s values) cannot all be encoded: those
+    that cannot alone are answered model_error, the others go out as values. Only the error's kind
+    and reason go out (a UnicodeEncodeError's text quotes the output)."""
     errors = dict(run.errors)
-    values = None
-    if isinstance(out, np.ndarray):
-        errors.update({i: f"model output could not be encoded ({_reason(exc)})"
-                       for i in range(len(run.outputs)) if i not in errors})
-    else:
-        for i, value in enumerate(out):
-            problem = None if i in errors else _encoding_problem(value)
-            if problem is not None:
-                errors[i] = f"model output could not be encoded ({_reason(problem)})"
-        values = [None if i in errors else value for i, value in enumerate(out)]
+    for i, value in enumerate(out):
+        problem = None if i in errors else _encoding_problem(value)
+        if problem is not None:
+            errors[i] = f"model output could not be encoded ({_reason(problem)})"
+    values = [None if i in errors else value for i, value in enumerate(out)]
     try:
         return P.encoder.encode(P.BatchResult(batch_id, compute_ns, None, values, errors, run.oom, simulated, run.rejected))
     except Exception:   # each encodes alone, not all together: none of them goes out

@@ -21,24 +21,15 @@ import pytest
 
 from conftest import free_port, start_daemon
 from helpers import wait_until
-from test_http_keys import BODY, http_key, self_signed
+from test_http_keys import BODY, self_signed, start_keyed_tls_daemon
 
 EMBED = json.dumps({"model": "enc", "input": "one two"}).encode()
 
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("httpauthfuzz")
-    cert, key = self_signed(tmp)
-    keys = tmp / "keys"
-    port = free_port()
-    running = start_daemon(tmp, BODY + f'\n[http]\nlisten = "127.0.0.1:{port}"\nkeys = true\n'
-                                       f'header_timeout_s = 10\ntls_cert = "{cert}"\ntls_key = "{key}"\n',
-                           daemon_extra=f'keys_dir = "{keys}"', cpu_threads=1)
-    running.port = port
-    running.tls = ssl.create_default_context(cafile=str(cert))
-    running.keys = keys
-    running.alice = http_key("create", "alice", "--tenant", "bank-a", "--dir", str(keys))
+    running = start_keyed_tls_daemon(tmp_path_factory.mktemp("httpauthfuzz"), "header_timeout_s = 10\n",
+                                     cpu_threads=1)
     yield running
     running.stop()
 

@@ -54,19 +54,26 @@ def http_key(*args):
     return result.stdout.strip().splitlines()[0]
 
 
-@pytest.fixture(scope="module")
-def daemon(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("httpkeys")
+def start_keyed_tls_daemon(tmp, http_extra: str = "", **options):
+    """A daemon on BODY whose HTTP door needs API keys and serves HTTPS (a self-signed certificate),
+    keys in `tmp`/keys; `.port`, `.http`, `.tls` (a client context trusting it), `.keys` and
+    `.alice`, a key of tenant bank-a. `options`: start_daemon's."""
     cert, key = self_signed(tmp)
     keys = tmp / "keys"
     port = free_port()
-    running = start_daemon(tmp, BODY + f'\n[http]\nlisten = "127.0.0.1:{port}"\nkeys = true\n'
+    running = start_daemon(tmp, BODY + f'\n[http]\nlisten = "127.0.0.1:{port}"\nkeys = true\n{http_extra}'
                                        f'tls_cert = "{cert}"\ntls_key = "{key}"\n',
-                           daemon_extra=f'keys_dir = "{keys}"')
-    running.http = f"https://127.0.0.1:{port}"
+                           daemon_extra=f'keys_dir = "{keys}"', **options)
+    running.port, running.http = port, f"https://127.0.0.1:{port}"
     running.tls = ssl.create_default_context(cafile=str(cert))
     running.keys = keys
     running.alice = http_key("create", "alice", "--tenant", "bank-a", "--dir", str(keys))
+    return running
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory):
+    running = start_keyed_tls_daemon(tmp_path_factory.mktemp("httpkeys"))
     yield running
     running.stop()
 
