@@ -42,7 +42,7 @@ from dynbatchd.engine.intake import Intake, Refusal, RequestMeta
 from dynbatchd.memory import device_limits
 from dynbatchd.membership import Membership
 from dynbatchd.listeners import StartupError, bind
-from dynbatchd.logs import request_fields, safe_id
+from dynbatchd.logs import LineBudget, request_fields, safe_id
 from dynbatchd.operations import Operations
 from dynbatchd.plugins import Plugins
 from dynbatchd.quotas import Quotas, quotas_on
@@ -75,6 +75,7 @@ class Daemon:
         self.cache_ops = CacheOperations(self)   # the sketch, warmup and erasure
         self.top_users = self.cache_ops.load_top_users(config)   # texts only for the cache; users as keyed hashes
         self.tenant_answers = TenantAnswers(models=config.models)   # for /metrics: top tenants + (other)
+        self._answer_lines = LineBudget()   # per-request error lines: a storm of them is counted, not written
         self._top_users_saved = self.top_users.observed if self.top_users else 0
         self.quotas = Quotas(config.quotas, clock)   # per tenant, before a request takes queue room
         self.intake = Intake.from_plugins(
@@ -227,19 +228,18 @@ class Daemon:
             self._schedule_pump()
 
     def _log_answer(self, request: P.Request, code: str, message: str, channel: str | None = None) -> None:
-        """One line for a request answered with an error, naming it by its id (dynbatchd.logs). Only a
-        model error's message is kept (the daemon's and the worker's own words, never an input); the
-        model and the tenant only when the config names them: what a client sent is not logged."""
+        """One line for a request answered with an error, by its id (dynbatchd.logs), within its code's
+        `LineBudget`. Only a model error's message is kept (the daemon's and the worker's own words, never
+        an input); the model and the tenant only when the config names them, never what a client sent."""
         level = ANSWER_LEVELS.get(code, logging.DEBUG)
-        if not log.isEnabledFor(level):
+        if not log.isEnabledFor(level) or (held := self._answer_lines.take(code)) is None:
             return
-        config = self.config
-        model = request.model if request.model in config.models else None
+        config, model = self.config, request.model if request.model in self.config.models else None
         tenant = request.tenant if request.tenant is not None and (
             request.tenant in config.quotas.tenants or request.tenant in config.compliance.key_tenants.values()) else None
-        log.log(level, "request %s%s%s: %s%s", safe_id(request.id), f" for model {model}" if model else "",
-                f" on channel {channel}" if channel else "", code,
-                f" ({message[:200]})" if code == P.MODEL_ERROR else "",
+        log.log(level, "request %s%s%s: %s%s%s", safe_id(request.id), f" for model {model}" if model else "",
+                f" on channel {channel}" if channel else "", code, f" ({message[:200]})" if code == P.MODEL_ERROR else "",
+                f" (and {held} more answered {code} since the last such line, not logged one by one)" if held else "",
                 extra=request_fields(request.id, channel=channel, model=model, tenant=tenant, code=code))
 
     def _reject(self, envelope, request: P.Request, code: str, message: str, channel: str | None = None) -> None:
