@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from dynbatchd.errors import DynbatchdError
+from dynbatchd.logs import LineBudget
 
 log = logging.getLogger("dynbatchd.worker")
+failed_batch_lines = LineBudget()   # a line a failed batch, per model: a model failing every batch is a storm
 
 
 class OutOfMemory(DynbatchdError):
@@ -98,8 +100,10 @@ def execute(runner: Any, inputs: list[Any], tokens: list[int], model: str,
     except WorkerStopping:
         raise
     except BaseException as exc:
-        (log.info if isinstance(exc, OutOfMemory) else log.warning)(
-            "model %s failed a batch of %d (%s); isolating the failing inputs", model, len(inputs), type(exc).__name__)
+        if (held := failed_batch_lines.take(model)) is not None:
+            (log.info if isinstance(exc, OutOfMemory) else log.warning)(
+                "model %s failed a batch of %d (%s); isolating the failing inputs%s", model, len(inputs),
+                type(exc).__name__, f" (and {held} more failed batches since the last such line)" if held else "")
         _split(runner, inputs, tokens, good, result, model, exc)   # it already failed whole: halves next
     return result
 

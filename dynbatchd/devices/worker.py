@@ -28,9 +28,10 @@ from dynbatchd.devices.execution import Execution, Undecodable, WorkerStopping, 
 from dynbatchd.devices.pipeline import Finished, Pipeline
 from dynbatchd.devices.runners import Runner
 from dynbatchd.memory import batch_peak_bytes
-from dynbatchd.logs import FORMATS, setup as setup_logging
+from dynbatchd.logs import FORMATS, LineBudget, setup as setup_logging
 
 log = logging.getLogger("dynbatchd.worker")
+failed_step_lines = LineBudget()   # a line a failed generation step, per model: one failing every step is a storm
 
 
 def _die_with_parent() -> None:
@@ -281,7 +282,9 @@ class Generating:
             try:
                 messages = loop.step()
             except Exception as exc:   # the model failed a step: every job of it ends with model_error
-                log.error("model %s failed a generation step (%s)", model, type(exc).__name__)
+                if (held := failed_step_lines.take(model)) is not None:
+                    log.error("model %s failed a generation step (%s)%s", model, type(exc).__name__,
+                              f" (and {held} more since the last such line)" if held else "")
                 messages = [end for job in list(loop.jobs) if (end := loop.cancel(int(job), "error")) is not None]
                 for end in messages:
                     end.message = f"model {model} failed a generation step ({type(exc).__name__})"

@@ -56,3 +56,28 @@ def test_a_storm_of_model_errors_is_logged_within_the_budget_and_counted(tmp_pat
         assert len(written) + left_out >= storm   # those not written were counted
     finally:
         daemon.stop()
+
+
+def test_a_model_failing_every_batch_logs_within_the_budget(monkeypatch, caplog):
+    """The worker's line a failed batch is budgeted per model the same way."""
+    import logging
+
+    from dynbatchd.devices import execution
+
+    class AlwaysFails:
+        def check(self, item):
+            return None
+
+        def run(self, inputs, tokens):
+            raise RuntimeError("broken weights")
+
+    clock = FakeClock()
+    monkeypatch.setattr(execution, "failed_batch_lines", LineBudget(clock))
+    with caplog.at_level(logging.WARNING, logger="dynbatchd.worker"):
+        for _ in range(LineBudget.BURST + 5):
+            run = execution.execute(AlwaysFails(), ["a"], [1], "m")
+            assert run.errors   # every batch still answered with its error
+        assert len([r for r in caplog.records if "failed a batch" in r.getMessage()]) == LineBudget.BURST
+        clock.now += 1.0 / LineBudget.PER_SECOND
+        execution.execute(AlwaysFails(), ["a"], [1], "m")
+    assert "(and 5 more failed batches since the last such line)" in caplog.records[-1].getMessage()
