@@ -26,13 +26,15 @@ name it: see `request_id`). Every error code maps to an HTTP status (`STATUS`); 
 
 Nothing a client sends can wedge it (issue 23): every string must be UTF-8, as over ZeroMQ;
 the ``[http]`` limits bound a request's inputs, the requests and connections in progress,
-a head's size and lines, and the time a head, a body or a reply may take; a request's
+a head's size and lines, and the time a head, a body or a reply may take (a connection counts
+from its accept, its TLS handshake included, until its socket is closed); a request's
 inputs are admitted all or none, submitted a chunk per loop turn. Payloads are never
 logged: a fault is logged in one line naming the route and the reason.
 
-The server and connection handling is here; the endpoint handlers are in `httpendpoints` (and the
-generative ones in `httpgenerate`), the server-sent events and hang-up watch in `httpstream`, the
-shared table and helpers in `httpwire` (whose names this module re-exports).
+The server and request handling is here; the endpoint handlers are in `httpendpoints` (and the
+generative ones in `httpgenerate`), the server-sent events, the hang-up watch and how a connection
+opens and closes in `httpstream`, the shared table and helpers in `httpwire` (whose names this
+module re-exports).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from dynbatchd.logs import request_fields
 from .http_config import dynbatchd_config_tables, http_settings  # noqa: F401  (registers [http])
 from .httpendpoints import HttpEndpoints
 from .httpgenerate import GENERATIVE, EventStream, HttpGenerate
-from .httpstream import HttpStreaming
+from .httpstream import HttpConnections, HttpStreaming
 from .httpwire import (FROM_V2, OPEN_HANDLERS, READ_SIZE, RETRY_LATER, ROUTES, STATUS, SUBMIT_CHUNK,  # noqa: F401
                        UNAUTHORIZED, V2_TYPES, ClientGone, HttpError, bad_output, body_tags, output_array,
                        reason, request_id, request_meta, text_headers)
@@ -63,7 +65,7 @@ log = logging.getLogger(__name__)
 UNCOUNTED = ("live", "ready", "v2_model", "v2_model_ready")   # handlers that run no model: no max_requests slot
 
 
-class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
+class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
     """The door: an h11 server on the daemon's loop, its connections, limits, keys and lifecycle."""
 
     def __init__(self, settings: Any, api: Any):
@@ -74,26 +76,35 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
         self.api = api
         self.keys = KeyStore(api.keys_dir) if settings.keys else None
         self.unauthorized = 0   # requests answered 401
-        self._server: asyncio.AbstractServer | None = None
+        self._server: asyncio.AbstractServer | None = None   # plain; TLS is accepted by _accepting
+        self._accepting: asyncio.Task | None = None
         self._connections: dict[asyncio.Task, bool] = {}   # each connection's task: busy with a request?
         self._in_progress = 0
         self._body_bytes = 0   # of the bodies being read, all connections: at most max_body_bytes
         self._closing = False
+        self._refusing = False   # refusing connections beyond max_connections (logged once a run)
 
     # -- one connection ------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One connection's requests, one after another (keep-alive); closed at the first that
-        leaves it unusable, or when idle for header_timeout_s."""
+        """A plain connection, from its accept: counted against max_connections, else answered 429 and
+        closed (`_listen_tls` counts a TLS one)."""
+        if not self._admit():
+            error = HttpError(P.OVERLOADED, f"the HTTP door has max_connections ({self.settings.max_connections}) open")
+            writer.write(self._reply_bytes(h11.Connection(h11.SERVER), *self._error(error, False), close=True))
+            await self._close(writer, not writer.transport.get_write_buffer_size())
+            return
+        self._connections[asyncio.current_task()] = False
+        await self._connection(reader, writer)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One counted connection's requests, one after another (keep-alive); closed at the first that
+        leaves it unusable, or when idle for header_timeout_s; aborted where an answer could not be
+        sent (`_close`). It leaves `_connections` once closed."""
         task = asyncio.current_task()
         conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.settings.max_header_bytes)
         peer = "%s:%s" % (writer.get_extra_info("peername") or ("?", "?"))[:2]
+        delivered = False
         try:
-            if len(self._connections) >= self.settings.max_connections:
-                error = HttpError(P.OVERLOADED, f"the HTTP door has max_connections "
-                                                f"({self.settings.max_connections}) open")
-                writer.write(self._reply_bytes(conn, *self._error(error, False), close=True))
-                return
-            self._connections[task] = False
             while not self._closing:
                 self._connections[task] = False
                 reply = await self._exchange(conn, reader, writer, task, peer)
@@ -111,6 +122,7 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
                 if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     break
                 conn.start_next_cycle()
+            delivered = True
         except ClientGone as gone:
             log.info("HTTP client %s closed its connection mid-request %s (%s)", peer, gone.request_id, gone,
                      extra=request_fields(gone.request_id))
@@ -121,39 +133,8 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
         except Exception as exc:   # a bug costs this connection, never the daemon's log a traceback with payload
             log.error("HTTP connection from %s failed: %s", peer, type(exc).__name__)
         finally:
+            await self._close(writer, delivered)
             self._connections.pop(task, None)
-            writer.close()
-
-    async def _linger(self, conn: h11.Connection, reader: asyncio.StreamReader,
-                      writer: asyncio.StreamWriter) -> None:
-        """Before closing on a request it did not read to the end, drop what the client still sends (up to
-        header_timeout_s and 4 x max_request_bytes): a client that sends its whole body before
-        reading then reads the answer, not a reset. It stops once the body has all come: TLS cannot
-        half-close, so a client reading to the close would otherwise wait header_timeout_s, and hold
-        a connection, after every request refused before its body (401, 403, 413...)."""
-        budget = 4 * self.api.max_request_bytes
-        if writer.can_write_eof():   # (TLS cannot half-close)
-            writer.write_eof()
-        try:
-            async with asyncio.timeout(self.settings.header_timeout_s):
-                while budget > 0 and not self._body_ended(conn) and (data := await reader.read(READ_SIZE)):
-                    budget -= len(data)
-                    if conn.their_state is h11.SEND_BODY:   # else dropped unparsed: no buffer grows
-                        conn.receive_data(data)
-        except (TimeoutError, ConnectionError):
-            pass
-
-    @staticmethod
-    def _body_ended(conn: h11.Connection) -> bool:
-        """Whether the client's request, body included, has all come (what is left of it is dropped);
-        False while its end is unknown: no head (IDLE) or a malformed body (ERROR) are read to the close."""
-        try:
-            while conn.their_state is h11.SEND_BODY and (event := conn.next_event()) is not h11.NEED_DATA:
-                if isinstance(event, h11.ConnectionClosed):
-                    return True
-        except h11.RemoteProtocolError:
-            return False
-        return conn.their_state in (h11.DONE, h11.MUST_CLOSE)   # (MUST_CLOSE: ended, on a connection closing)
 
     async def _event(self, conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
         while (event := conn.next_event()) is h11.NEED_DATA:
@@ -353,27 +334,20 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
 
     # -- lifecycle ---------------------------------------------------------------
     async def start(self) -> None:
-        """Bind (an OSError names a port in use), then serve on the daemon's loop."""
+        """Bind (an OSError names a port in use), then serve on the daemon's loop: plain by asyncio's
+        server, TLS by an accept loop of the door's own that counts each handshake (`_listen_tls`)."""
         import socket
 
         host = self.host.strip("[]") or "127.0.0.1"
         tls = self._tls_context()
         sock = socket.create_server((host, self.port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self._server = await asyncio.start_server(self._serve, sock=sock, ssl=tls,
-                                                  ssl_handshake_timeout=self.settings.header_timeout_s if tls else None)
+        if tls is None:
+            self._server = await asyncio.start_server(self._serve, sock=sock)
+        else:
+            sock.setblocking(False)
+            self._accepting = asyncio.ensure_future(self._listen_tls(sock, tls))
         log.info("HTTP front door on %s://%s:%d%s", "https" if tls else "http", host, self.port,
                  " (API keys required)" if self.keys is not None else "")
-
-    def _tls_context(self) -> Any:
-        """With ``tls_cert`` and ``tls_key``: a server context (TLS 1.2 at least), else None."""
-        if not self.settings.tls_cert:
-            return None
-        import ssl
-
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(self.settings.tls_cert, self.settings.tls_key)
-        return context
 
     async def stop(self) -> None:
         """Stop listening and close idle connections; a request in progress (the daemon drained, so
@@ -381,6 +355,9 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming):
         self._closing = True
         if self._server is not None:
             self._server.close()
+        if self._accepting is not None:
+            self._accepting.cancel()
+            await asyncio.wait((self._accepting,))
         for task, busy in list(self._connections.items()):
             if not busy:
                 task.cancel()

@@ -31,6 +31,7 @@ class HttpSettings(Frozen, kw_only=True):
     max_inputs: Annotated[int, Meta(ge=1, le=MAX_QUEUE)] = 2048             # per request; 413 beyond
     max_requests: Annotated[int, Meta(ge=1, le=1_000_000)] = 256            # in progress at once; 429 beyond
     max_connections: Annotated[int, Meta(ge=1, le=1_000_000)] = 1024        # open at once; 429 and closed beyond
+                                                                            # (TLS: counted from accept, closed unanswered)
     max_headers: Annotated[int, Meta(ge=1, le=10_000)] = 100                # header lines; 431 beyond
     max_header_bytes: Annotated[int, Meta(ge=1024, le=1 << 20)] = 16_384    # a request's head; 431 beyond
     header_timeout_s: Annotated[float, Meta(gt=0, le=3600)] = 10.0          # for a request's head; 408 then
