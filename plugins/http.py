@@ -51,7 +51,7 @@ import msgspec
 from dynbatchd import protocol as P
 from dynbatchd.hookspecs import hookimpl
 from dynbatchd.httpkeys import KeyStore, presented_key
-from dynbatchd.logs import request_fields
+from dynbatchd.logs import LineBudget, request_fields
 
 from .http_config import dynbatchd_config_tables, http_settings  # noqa: F401  (registers [http])
 from .httpendpoints import HttpEndpoints
@@ -83,6 +83,7 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
         self._body_bytes = 0   # of the bodies being read, all connections: at most max_body_bytes
         self._closing = False
         self._refusing = False   # refusing connections beyond max_connections (logged once a run)
+        self._lines = LineBudget()   # lines about one client's request: a flood of them is counted (`_note`)
 
     # -- one connection ------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -124,17 +125,24 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
                 conn.start_next_cycle()
             delivered = True
         except ClientGone as gone:
-            log.info("HTTP client %s closed its connection mid-request %s (%s)", peer, gone.request_id, gone,
-                     extra=request_fields(gone.request_id))
+            self._note("gone", "HTTP client %s closed its connection mid-request %s (%s)", peer, gone.request_id, gone,
+                       extra=request_fields(gone.request_id))
         except (ConnectionError, TimeoutError):
-            log.info("HTTP client %s did not take its answer: connection closed", peer)
+            self._note("untaken", "HTTP client %s did not take its answer: connection closed", peer)
         except asyncio.CancelledError:   # stop() ends it: ended quietly, for asyncio (3.11) logs a traceback
             pass                         # at ERROR for each cancelled connection task
         except Exception as exc:   # a bug costs this connection, never the daemon's log a traceback with payload
-            log.error("HTTP connection from %s failed: %s", peer, type(exc).__name__)
+            self._note("failed", "HTTP connection from %s failed: %s", peer, type(exc).__name__, level=logging.ERROR)
         finally:
             await self._close(writer, delivered)
             self._connections.pop(task, None)
+
+    def _note(self, kind: str, message: str, *args: Any, level: int = logging.INFO, **kwargs: Any) -> None:
+        """A line about one client or request, within its `kind`'s `LineBudget`: a flood of bad
+        requests or hang-ups is counted into the next line written, not written a line each."""
+        if log.isEnabledFor(level) and (held := self._lines.take(kind)) is not None:
+            log.log(level, message + (" (and %d more since the last such line)" if held else ""),
+                    *args, *((held,) if held else ()), **kwargs)
 
     async def _event(self, conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
         while (event := conn.next_event()) is h11.NEED_DATA:
@@ -179,8 +187,8 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
             gone.request_id = rid
             raise
         except Exception as exc:   # a bug: one line, no traceback (an exception's text may quote a payload)
-            log.error("HTTP %s request %s: internal error (%s); answered 500", route, rid, type(exc).__name__,
-                      extra=request_fields(rid, code=P.MODEL_ERROR))
+            self._note("500", "HTTP %s request %s: internal error (%s); answered 500", route, rid, type(exc).__name__,
+                       extra=request_fields(rid, code=P.MODEL_ERROR), level=logging.ERROR)
             status, body, extra = self._error(HttpError(P.MODEL_ERROR, "internal error in the daemon; see its log",
                                                         500), v2)
             return status, body, [*extra, ("x-request-id", rid)]
@@ -212,20 +220,20 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
         except TimeoutError:
             if conn.their_state is h11.IDLE and not conn.trailing_data[0]:
                 return None   # idle between requests: closed quietly
-            log.info("HTTP client %s sent no complete request head in %gs: answered 408", peer,
-                     limits.header_timeout_s)
+            self._note("408", "HTTP client %s sent no complete request head in %gs: answered 408", peer,
+                       limits.header_timeout_s)
             raise HttpError(P.BAD_REQUEST, f"no complete request head in {limits.header_timeout_s:g}s", 408)
         except h11.RemoteProtocolError as exc:
             if exc.error_status_hint == 431:
-                log.info("HTTP client %s sent a head over max_header_bytes: answered 431", peer)
+                self._note("431", "HTTP client %s sent a head over max_header_bytes: answered 431", peer)
                 raise HttpError(P.BAD_REQUEST, f"the head exceeds max_header_bytes ({limits.max_header_bytes})", 431)
-            log.info("HTTP client %s sent a malformed request: answered 400", peer)
+            self._note("400", "HTTP client %s sent a malformed request: answered 400", peer)
             raise HttpError(P.BAD_REQUEST, "malformed HTTP request")
         if isinstance(event, h11.ConnectionClosed):
             return None
         size = len(event.target) + sum(len(n) + len(v) + 4 for n, v in event.headers)
         if len(event.headers) > limits.max_headers or size > limits.max_header_bytes:
-            log.info("HTTP client %s sent %d header lines, %d bytes: answered 431", peer, len(event.headers), size)
+            self._note("431", "HTTP client %s sent %d header lines, %d bytes: answered 431", peer, len(event.headers), size)
             raise HttpError(P.BAD_REQUEST, f"the head exceeds max_headers ({limits.max_headers}) or "
                                            f"max_header_bytes ({limits.max_header_bytes})", 431)
         return event
@@ -284,14 +292,14 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
                     held = self._hold_body_bytes(held, size)
                     chunks.append(event.data)
         except TimeoutError:
-            log.info("HTTP client %s sent %d bytes of the body of request %s in %gs: answered 408", peer, size,
-                     headers[":request-id"], timeout, extra=request_fields(headers[":request-id"]))
+            self._note("408", "HTTP client %s sent %d bytes of the body of request %s in %gs: answered 408", peer, size,
+                       headers[":request-id"], timeout, extra=request_fields(headers[":request-id"]))
             raise HttpError(P.BAD_REQUEST, f"the body did not arrive in {timeout:g}s", 408)
         except h11.RemoteProtocolError:
             if reader.at_eof():
                 raise ClientGone(f"{size} bytes of its body sent")
-            log.info("HTTP client %s sent a malformed body for request %s: answered 400", peer,
-                     headers[":request-id"], extra=request_fields(headers[":request-id"]))
+            self._note("400", "HTTP client %s sent a malformed body for request %s: answered 400", peer,
+                       headers[":request-id"], extra=request_fields(headers[":request-id"]))
             raise HttpError(P.BAD_REQUEST, "malformed HTTP body")
         finally:
             self._body_bytes -= held
