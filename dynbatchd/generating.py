@@ -8,7 +8,9 @@ channel's targets, to a worker holding the model (the one with the fewest jobs),
 `GenTokens` become `Chunk` frames of a streamed request (a ZeroMQ frame to its envelope, or
 `LocalEnvelope.push` for an in-process door); its `GenEnd` becomes the one final reply, through
 the daemon's `_send` like any answer (quota release, counting, logging). A client cancel becomes
-a `GenerateCancel`; the worker frees the KV at the next token boundary and ends the job.
+a `GenerateCancel`; the worker frees the KV at the next token boundary and ends the job, as it
+does for a stream whose chunk ZeroMQ refuses (its client left). A channel holds at most its
+`queue_limit` generate jobs (waiting or generating): each waiting one costs every step its look.
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ class Running:
     tokens: int = 0
     deadline_ms: float | None = None
     overdue: Any = None   # the backstop timer: answered by the daemon if the worker never ends it
+    gone: bool = False    # a chunk was refused (the client left): no more chunks sent
+    withdrawn: bool = False   # a cancel was sent to its worker (its end follows from there)
 
 
 class Generations:
@@ -53,9 +57,13 @@ class Generations:
     def __init__(self, daemon: Any):
         self.daemon = daemon
         self.jobs: dict[int, Running] = {}
-        self.by_client: dict[tuple[bytes, Any], int] = {}
+        self.by_client: dict[tuple[bytes, Any], list[int]] = {}   # a client's id -> its jobs, oldest first
+        self.per_channel: dict[str, int] = {}        # channel -> its generate jobs in flight
         self.next_job = 1
-        self.kv_in_use: dict[int, int] = {}        # worker -> KV tokens its loops hold (after its last end)
+        # (worker, model) -> KV tokens its loop holds (after its last end): one figure per worker
+        # once showed 0 while another model's loop there held thousands
+        self.kv_in_use: dict[tuple[int, str], int] = {}
+        self.answered_early: dict[int, tuple[int, str]] = {}   # overdue job -> (worker, model): its end still comes
         self.generated_tokens: dict[str, int] = {}  # channel -> tokens generated
         self.ended: dict[str, int] = {}             # finish reason -> count
         self.ttft: dict[str, Histogram] = {}        # channel -> time to first token (us), successful ends
@@ -84,31 +92,53 @@ class Generations:
         if not workers:
             self.daemon._send((Answer(pending, P.UNAVAILABLE, f"no worker holds model {request.model!r} now"),), job.channel)
             return
+        settings = self.daemon.config.channels[job.channel]
+        limit = getattr(settings, "queue_limit", None)
+        if limit is not None and self.per_channel.get(job.channel, 0) >= limit:
+            self._overloaded(job.channel)
+            self.daemon._send((Answer(pending, P.OVERLOADED, f"channel {job.channel!r} queue is full "
+                                                             f"({limit} generating or waiting)"),), job.channel)
+            return
+        number = self.next_job
+        message = P.GenerateJob(number, request.model, request.text or "", dict(request.generate or {}), job.channel,
+                                settings.priority, getattr(settings, "ttft_ms", None),
+                                getattr(settings, "tpot_ms", None), job.deadline_ms)
+        try:   # before it is counted or kept: a door's lone surrogate (in a stop string) once stayed until overdue
+            frame = P.encoder.encode(message)
+        except Exception as exc:
+            self.daemon._send((Answer(pending, P.BAD_REQUEST, f"the request cannot be encoded for its worker "
+                                                              f"({type(exc).__name__}: not UTF-8 text?)"),), job.channel)
+            return
         load = {w.index: 0 for w in workers}
         for run in self.jobs.values():
             if run.worker in load:
                 load[run.worker] += 1
         worker = min(load, key=load.get)
-        number, self.next_job = self.next_job, self.next_job + 1
-        settings = self.daemon.config.channels[job.channel]
-        message = P.GenerateJob(number, request.model, request.text or "", dict(request.generate or {}), job.channel,
-                                settings.priority, getattr(settings, "ttft_ms", None),
-                                getattr(settings, "tpot_ms", None), job.deadline_ms)
+        self.next_job += 1
         run = self.jobs[number] = Running(pending, job.channel, worker, now_ns, deadline_ms=job.deadline_ms)
+        self.per_channel[job.channel] = self.per_channel.get(job.channel, 0) + 1
         self._count(job.channel, "accepted")
-        self.by_client[(pending.envelope[0], request.id)] = number
+        self.by_client.setdefault((pending.envelope[0], request.id), []).append(number)
         if job.deadline_ms and (loop := getattr(self.daemon, "loop", None)) is not None:
             run.overdue = loop.call_later(job.deadline_ms / 1000 + OVERDUE_GRACE_S, self.overdue, number)
-        if not pool.send(worker, [P.encoder.encode(message)]):
+        if not pool.send(worker, [frame]):
             self._finish(number, Answer(pending, P.UNAVAILABLE, "the model's worker could not be reached"))
 
     def cancel(self, identity: bytes, request_id: Any) -> bool:
         """A client's cancel of a generate job (True: it was one; its final reply comes from the worker)."""
-        number = self.by_client.get((identity, request_id))
-        if number is None:
+        numbers = self.by_client.get((identity, request_id))
+        if not numbers:
             return False
-        self.daemon.pool.send(self.jobs[number].worker, [P.encoder.encode(P.GenerateCancel(number))])
+        for number in reversed(numbers):   # two in flight under one id: a cancel each, the newest first
+            if not (run := self.jobs[number]).withdrawn:
+                self._withdraw(number, run)
+                break
         return True
+
+    def _withdraw(self, number: int, run: Running) -> None:
+        """Tell its worker to end job `number` now (cancelled), once."""
+        run.withdrawn = True
+        self.daemon.pool.send(run.worker, [P.encoder.encode(P.GenerateCancel(number))])
 
     def overdue(self, number: int) -> None:
         """A job still unanswered well past its deadline (its worker stuck in one long step, or
@@ -119,6 +149,7 @@ class Generations:
         log.warning("generate job %d not ended by its worker %.1f s past its deadline: answered here", number,
                     OVERDUE_GRACE_S)
         self.daemon.pool.send(run.worker, [P.encoder.encode(P.GenerateCancel(number, P.DEADLINE_EXCEEDED))])
+        self.answered_early[number] = (run.worker, run.pending.request.model)
         self._finish(number, Answer(run.pending, P.DEADLINE_EXCEEDED, "deadline passed mid-generation"))
 
     def on_message(self, worker: int, msg: Any) -> None:
@@ -127,13 +158,17 @@ class Generations:
                 if (run := self.jobs.get(number)) is not None:
                     self._chunk(number, run, text, tokens)
         elif isinstance(msg, P.GenEnd):
-            self.kv_in_use[worker] = msg.kv_in_use_bytes
-            if (run := self.jobs.get(msg.job)) is not None:
+            run = self.jobs.get(msg.job)
+            model = run.pending.request.model if run is not None else self.answered_early.pop(msg.job, (0, None))[1]
+            if model is not None:
+                self.kv_in_use[(worker, model)] = msg.kv_in_use_bytes
+            if run is not None:
                 self._finish(msg.job, self._answer(run, msg))
 
     def lost(self, worker: int) -> None:
         """Worker `worker` died: its jobs end with model_error (their KV went with it)."""
-        self.kv_in_use.pop(worker, None)
+        self.kv_in_use = {key: n for key, n in self.kv_in_use.items() if key[0] != worker}
+        self.answered_early = {job: at for job, at in self.answered_early.items() if at[0] != worker}
         for number, run in list(self.jobs.items()):
             if run.worker == worker:
                 self._finish(number, Answer(run.pending, P.MODEL_ERROR, "the model's worker stopped mid-generation"))
@@ -157,7 +192,7 @@ class Generations:
         run.tokens += tokens
         self.generated_tokens[run.channel] = self.generated_tokens.get(run.channel, 0) + tokens
         request = run.pending.request
-        if not request.stream:
+        if not request.stream or run.gone:
             return
         chunk = P.Chunk(request.id, run.chunks, text, tokens)
         run.chunks += 1
@@ -167,8 +202,18 @@ class Generations:
             push(chunk)
         elif hasattr(envelope, "settle"):
             return   # an in-process door that cannot stream: it gets the final reply only
-        elif (front := self.daemon.front) is not None:
-            front.io.send([*envelope, P.encoder.encode(chunk)])
+        elif (front := self.daemon.front) is not None and front.io.send([*envelope, P.encoder.encode(chunk)]) is False:
+            # ROUTER_MANDATORY refused it: the client left (or stopped reading): generating on is for nobody
+            run.gone = True
+            log.info("generate job %d: a chunk could not be delivered (its client left): withdrawn", number)
+            if not run.withdrawn:
+                self._withdraw(number, run)
+
+    def _overloaded(self, channel: str) -> None:
+        """A refusal at the channel's queue limit, counted as the engine counts its own (not accepted)."""
+        found = getattr(getattr(self.daemon, "engine", None), "channels", {}).get(channel)
+        if found is not None:
+            found.stats.overloaded += 1
 
     def _count(self, channel: str, counter: str, late: bool = False) -> None:
         """Count in the engine's counters of `channel` (accepted, completed...: `dynbatchctl status`)."""
@@ -203,16 +248,22 @@ class Generations:
 
     def _finish(self, number: int, answer: Answer) -> None:
         run = self.jobs.pop(number)
+        self.per_channel[run.channel] -= 1
         if run.overdue is not None:
             run.overdue.cancel()
         if counter := COUNTERS.get(answer.code):   # late: a worker's end after the deadline, before its step noticed
             self._count(run.channel, counter, answer.code == OK and bool(run.deadline_ms)
                         and answer.timing.total_us > run.deadline_ms * 1000)
         pending = run.pending
-        self.by_client.pop((pending.envelope[0], pending.request.id), None)
+        key = (pending.envelope[0], pending.request.id)
+        if (numbers := self.by_client.get(key)) is not None:   # only its own: another under its id stays cancellable
+            numbers.remove(number)
+            if not numbers:
+                del self.by_client[key]
         self.daemon._send((answer,), run.channel)
-        if self.daemon.state == "draining" and not self.jobs:
-            self.daemon._schedule_pump()   # the pass that sees the drain settled
+        if (self.daemon.state == "draining" and not self.jobs) or getattr(self.daemon, "membership", None) \
+                and self.daemon.membership.unloading_models:
+            self.daemon._schedule_pump()   # the pass that sees the drain settled, or a removed model unloaded
 
 
 def buckets(hist: Histogram) -> list[list[float]]:

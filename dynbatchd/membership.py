@@ -146,7 +146,8 @@ class Membership:
     def unload_drained_models(self) -> None:
         """Removed models with nothing of them queued or running any more leave the workers."""
         d = self.daemon
-        drained = {m for m in self.unloading_models if not d.engine.holds_model(m)}
+        generating = {run.pending.request.model for run in d.generation.jobs.values()}   # (not the engine's)
+        drained = {m for m in self.unloading_models if not d.engine.holds_model(m) and m not in generating}
         if not drained:
             return
         self.unloading_models = self.unloading_models - drained

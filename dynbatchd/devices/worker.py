@@ -229,7 +229,7 @@ def serve(endpoint: str, name: str) -> int:
         frames = sock.recv_multipart()
         msg = P.daemon_decoder.decode(frames[0])
         if isinstance(msg, P.Setup):   # a reload changed the model set: load the new, drop the removed
-            runners = _adopt_models(sock, name, msg, runners)
+            runners = generating.runners = _adopt_models(sock, name, msg, runners)
             continue
         if isinstance(msg, (P.GenerateJob, P.GenerateCancel)):
             generating.handle(msg, runners)
@@ -252,6 +252,7 @@ class Generating:
     def __init__(self, sock: zmq.Socket):
         self.sock = sock
         self.loops: dict[str, Any] = {}
+        self.runners: dict[str, Runner] | None = None   # the models loaded, once a reload changed them
 
     @property
     def busy(self) -> bool:
@@ -290,6 +291,8 @@ class Generating:
                     end.message = f"model {model} failed a generation step ({type(exc).__name__})"
             for message in messages:
                 self._send(message)
+            if not loop.busy and self.runners is not None and self.runners.get(model) is not loop.runner:
+                del self.loops[model]   # its model was unloaded: the loop held its runner, weights and all
 
     def _send(self, message: Any) -> None:
         self.sock.send(P.encoder.encode(message))

@@ -11,9 +11,12 @@ sequence's new text of the step, and a `GenEnd` per job that ended. Sans-I/O and
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from dynbatchd import protocol as P
+from dynbatchd.logs import LineBudget
 from dynbatchd.generation.batching import ChannelTargets, Finished, GenerationScheduler, GenRequest
 from dynbatchd.generation.kv import KVLedger, kv_budget_tokens_of
 
@@ -21,6 +24,24 @@ DEFAULT_KV_BUDGET_TOKENS = 32768
 # The runner options this loop reads ([models.NAME] of a causal-lm model; dynbatchd.toml(5)).
 LOOP_OPTIONS = ("kv_budget_tokens", "max_batch_sequences", "max_prefill_tokens", "mode", "tpot_guard")
 NO_TARGET_MS = 1e12   # a channel without ttft_ms / tpot_ms: no due time from it
+
+log = logging.getLogger("dynbatchd")
+failed_step_lines = LineBudget()   # a line a failing step, per how it failed: a broken model fails every step
+
+
+@dataclass(frozen=True)
+class StepFailed:
+    """A sequence the model could not run even alone: it ends with an error (a runner's event's shape)."""
+    seq_id: str
+    error: str
+    text: str = ""
+    finished: str = "error"
+
+
+def _warn(kind: str, message: str, *args: Any) -> None:
+    """A warning within `failed_step_lines`' budget for `kind`; those left out counted into the next."""
+    if (held := failed_step_lines.take(kind)) is not None:
+        log.warning(message + (" (and %d more since the last such line)" if held else ""), *args, *((held,) if held else ()))
 
 
 class StepCost:
@@ -132,18 +153,18 @@ class GenerationLoop:
         return end
 
     def step(self) -> list[Any]:
-        """One token boundary: the messages for the daemon (GenTokens first, then GenEnds)."""
-        out: list[Any] = self.errors
-        self.errors = []
+        """One token boundary: the messages for the daemon (GenTokens first, then GenEnds). The ends
+        made before the forward stay in `errors` until returned, so a step that raises loses none."""
         plan = self.scheduler.plan(self.clock())
         for seq_id in plan.preempted:
             self.runner.preempt(seq_id)
-        out.extend(self._end(end) for end in plan.ended)
+        self.errors.extend(self._end(end) for end in plan.ended)
         if plan.empty:
+            out, self.errors = self.errors, []
             return out
         started = self.clock()
-        events = list(self.runner.prefill(plan.prefill)) + list(self.runner.decode_step(plan.decode))
-        if self.cost is not None:
+        events = self._run(self.runner.prefill, plan.prefill) + self._run(self.runner.decode_step, plan.decode)
+        if self.cost is not None and not any(isinstance(e, StepFailed) for e in events):
             self.cost.observe(sum(plan.prefill_lengths), len(plan.decode), self.clock() - started)
         failed = [self._failed(e) for e in events if e.finished == "error"]   # first: complete skips them
         tokens = []
@@ -157,11 +178,32 @@ class GenerationLoop:
                 self.untold[e.seq_id] = n
         stopped = [e.seq_id for e in events if e.finished == "stop"]
         ends = [self._end(end) for end in self.scheduler.complete(plan, self.clock(), stopped)]
+        out, self.errors = self.errors, []
         return ([P.GenTokens(tokens)] if tokens else []) + out + [end for end in failed if end] + ends
 
+    def _run(self, call: Callable[[Any], Any], seq_ids: tuple[str, ...]) -> list[Any]:
+        """The runner's `call` (prefill or decode_step) over `seq_ids`; when the model raises, each
+        sequence again alone, so that one the model cannot run ends alone and the others of its step
+        go on (one prompt past the vocabulary failed every stream of the model), as a failing batch
+        is split. Any exception of the model's counts, but the worker's own stop. (Called with no
+        sequences too, as before: a runner may count a step's fixed cost there.)"""
+        try:
+            return list(call(seq_ids))
+        except BaseException as exc:   # (the worker's own catch is Exception: SystemExit ended it)
+            from dynbatchd.devices.execution import WorkerStopping
+
+            if isinstance(exc, WorkerStopping):
+                raise
+            kind = type(exc).__name__   # (not its text: that may quote the input)
+            if len(seq_ids) <= 1:
+                _warn("alone", "a generation step failed (%s) for %d sequence: it ends alone", kind, len(seq_ids))
+                return [StepFailed(seq_id, f"the model failed its step ({kind})") for seq_id in seq_ids]
+        _warn("split", "a generation step of %d sequences failed (%s): each runs again alone", len(seq_ids), kind)
+        return [event for seq_id in seq_ids for event in self._run(call, (seq_id,))]
+
     def _failed(self, event: Any) -> P.GenEnd | None:
-        """A sequence the runner could not continue (its token failed, not the step's forward pass)
-        ends alone, as an error; the others of its step go on."""
+        """A sequence the runner could not continue (its token failed, or the model's forward over it
+        alone) ends alone, as an error; the others of its step go on."""
         end = self.cancel(int(event.seq_id), "error")
         if end is not None:
             end.message = f"generation failed: {event.error or 'its next token failed'}"

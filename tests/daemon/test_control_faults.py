@@ -134,6 +134,7 @@ class FakeDaemon:
         self.config, self.pool, self.devices = cfg, pool, ["cpu"]
         self.plugins = Plugins.load()
         self.engine = engine(inflight=1, max_batch=1)
+        self.generation = SimpleNamespace(jobs={})   # causal-lm requests in flight (none here)
         self.membership = Membership(self, cfg)
 
 

@@ -6,6 +6,8 @@ read only at start (the top-users sketch among them)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import msgspec
 
 from dynbatchd import config as cfgmod
@@ -42,6 +44,7 @@ class Daemon:
         self.config, self.pool, self.devices = cfg, pool, ["cpu"]
         self.plugins = Plugins.load()
         self.engine = engine(inflight=1, max_batch=1)
+        self.generation = SimpleNamespace(jobs={})   # causal-lm requests in flight: the engine does not hold them
         self.membership = Membership(self, cfg)   # as the daemon makes it at start
 
 
@@ -66,6 +69,22 @@ def test_an_added_model_loads_and_a_removed_one_waits_for_its_requests():
     m.unload_drained_models()
     assert not m.unloading_models and pool.asked[-1] == ["a", "b"]
     assert clients.codes() == {"g1": "ok"}
+
+
+def test_a_removed_model_waits_for_its_generations_too():
+    """A causal-lm model's requests are its workers' step loops', not the engine's: a reload that
+    removed one said it was unloaded while a stream of it still ran."""
+    pool = FakePool()
+    old, new = config("a", "gone"), config("a")
+    d = Daemon(old, pool)
+    d.generation.jobs[1] = SimpleNamespace(pending=SimpleNamespace(request=SimpleNamespace(model="gone")))
+    d.config, m = new, d.membership
+    m.change_models(old, new)
+    m.unload_drained_models()
+    assert m.unloading_models == {"gone"}       # its stream still runs
+    del d.generation.jobs[1]
+    m.unload_drained_models()
+    assert not m.unloading_models and pool.asked[-1] == ["a"]
 
 
 def test_models_need_a_restart_only_on_a_pool_that_cannot_load_them_or_when_settings_change():
