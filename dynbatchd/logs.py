@@ -120,3 +120,9 @@ class LineBudget:
         state[0] -= 1.0
         held, state[2] = int(state[2]), 0
         return held
+
+    def admit(self, kind: str) -> str | None:
+        """`take`, as the tail of the line to write: "" or " (and N more since the last such line)";
+        None: leave the line out."""
+        held = self.take(kind)
+        return None if held is None else f" (and {held} more since the last such line)" if held else ""

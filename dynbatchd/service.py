@@ -232,14 +232,14 @@ class Daemon:
         `LineBudget`. Only a model error's message is kept (the daemon's and the worker's own words, never
         an input); the model and the tenant only when the config names them, never what a client sent."""
         level = ANSWER_LEVELS.get(code, logging.DEBUG)
-        if not log.isEnabledFor(level) or (held := self._answer_lines.take(code)) is None:
+        if not log.isEnabledFor(level) or (more := self._answer_lines.admit(code)) is None:
             return
         config, model = self.config, request.model if request.model in self.config.models else None
         tenant = request.tenant if request.tenant is not None and (
             request.tenant in config.quotas.tenants or request.tenant in config.compliance.key_tenants.values()) else None
         log.log(level, "request %s%s%s: %s%s%s", safe_id(request.id), f" for model {model}" if model else "",
                 f" on channel {channel}" if channel else "", code, f" ({message[:200]})" if code == P.MODEL_ERROR else "",
-                f" (and {held} more answered {code} since the last such line, not logged one by one)" if held else "",
+                more,
                 extra=request_fields(request.id, channel=channel, model=model, tenant=tenant, code=code))
 
     def _reject(self, envelope, request: P.Request, code: str, message: str, channel: str | None = None) -> None:

@@ -140,9 +140,8 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
     def _note(self, kind: str, message: str, *args: Any, level: int = logging.INFO, **kwargs: Any) -> None:
         """A line about one client or request, within its `kind`'s `LineBudget`: a flood of bad
         requests or hang-ups is counted into the next line written, not written a line each."""
-        if log.isEnabledFor(level) and (held := self._lines.take(kind)) is not None:
-            log.log(level, message + (" (and %d more since the last such line)" if held else ""),
-                    *args, *((held,) if held else ()), **kwargs)
+        if log.isEnabledFor(level) and (more := self._lines.admit(kind)) is not None:
+            log.log(level, message + "%s", *args, more, **kwargs)
 
     async def _event(self, conn: h11.Connection, reader: asyncio.StreamReader) -> Any:
         while (event := conn.next_event()) is h11.NEED_DATA:

@@ -100,10 +100,10 @@ def execute(runner: Any, inputs: list[Any], tokens: list[int], model: str,
     except WorkerStopping:
         raise
     except BaseException as exc:
-        if (held := failed_batch_lines.take(model)) is not None:
+        if (more := failed_batch_lines.admit(model)) is not None:
             (log.info if isinstance(exc, OutOfMemory) else log.warning)(
                 "model %s failed a batch of %d (%s); isolating the failing inputs%s", model, len(inputs),
-                type(exc).__name__, f" (and {held} more failed batches since the last such line)" if held else "")
+                type(exc).__name__, more)
         _split(runner, inputs, tokens, good, result, model, exc)   # it already failed whole: halves next
     return result
 

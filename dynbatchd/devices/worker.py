@@ -283,9 +283,8 @@ class Generating:
             try:
                 messages = loop.step()
             except Exception as exc:   # the model failed a step: every job of it ends with model_error
-                if (held := failed_step_lines.take(model)) is not None:
-                    log.error("model %s failed a generation step (%s)%s", model, type(exc).__name__,
-                              f" (and {held} more since the last such line)" if held else "")
+                if (more := failed_step_lines.admit(model)) is not None:
+                    log.error("model %s failed a generation step (%s)%s", model, type(exc).__name__, more)
                 messages = [end for job in list(loop.jobs) if (end := loop.cancel(int(job), "error")) is not None]
                 for end in messages:
                     end.message = f"model {model} failed a generation step ({type(exc).__name__})"

@@ -40,8 +40,8 @@ class StepFailed:
 
 def _warn(kind: str, message: str, *args: Any) -> None:
     """A warning within `failed_step_lines`' budget for `kind`; those left out counted into the next."""
-    if (held := failed_step_lines.take(kind)) is not None:
-        log.warning(message + (" (and %d more since the last such line)" if held else ""), *args, *((held,) if held else ()))
+    if (more := failed_step_lines.admit(kind)) is not None:
+        log.warning(message + "%s", *args, more)
 
 
 class StepCost:
