@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import resource
 from typing import Any
 
 import zmq
@@ -16,8 +18,25 @@ from dynbatchd.transport import CurveServer, FrontEnd
 from dynbatchd.errors import DynbatchdError
 
 
+log = logging.getLogger("dynbatchd")
+
+
 class StartupError(DynbatchdError):
     """The daemon cannot start (an address in use...): one line for the operator, exit status 1."""
+
+
+def raise_open_files_limit() -> None:
+    """Take every descriptor the hard limit allows. Each connection takes one, also before its
+    handshake: at the usual soft limit (1,024) that many idle TCP connections left no descriptor to
+    accept anyone (nor for the daemon's files and workers), and libzmq's accept spun a core."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        target = hard if hard != resource.RLIM_INFINITY else 1 << 20
+        if soft != resource.RLIM_INFINITY and soft < target:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            log.info("open files limit raised from %d to %d (its hard limit)", soft, target)
+    except (ValueError, OSError) as exc:   # not allowed here: the limit stays as it was
+        log.info("open files limit left as it is: %s", exc)
 
 
 async def bind(daemon: DaemonHost, ctx: zmq.Context) -> Any:
@@ -28,6 +47,7 @@ async def bind(daemon: DaemonHost, ctx: zmq.Context) -> Any:
     socket ever takes a handshake unchecked; the control socket's ipc:// file is mode 0660.
     """
     settings = daemon.config.daemon
+    raise_open_files_limit()
     where, curve, metrics = "daemon.keys_dir", None, None
     try:
         daemon.curve = curve = CurveServer.for_settings(ctx, settings)

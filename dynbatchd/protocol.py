@@ -61,6 +61,10 @@ class Request(msgspec.Struct, omit_defaults=True, gc=False):
     generate: dict[str, Any] | None = None   # per-request generation options (GENERATE_KEYS)
 
 
+# A tenant is a name: the quota table, the top-users sketch and the answers per tenant keep it, up
+# to 100,000 of them (a client naming a new tenant of 64 KiB per request grew the daemon by as much).
+MAX_TENANT_CHARS = 1024
+
 # The keys of a request's `generate` map, each checked as the causal-lm runner checks its option.
 GENERATE_KEYS = ("max_new_tokens", "temperature", "top_k", "seed", "stop")
 # The runner looks for every stop string after every token of the request: bounded, so one request

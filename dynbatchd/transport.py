@@ -20,7 +20,7 @@ from dynbatchd import config as cfgmod, protocol as P
 from dynbatchd.curve import CurveServer, _Authenticator  # noqa: F401  (re-exported)
 from dynbatchd.ipcfiles import _ipc_in_use, _ipc_path, bind, ipc_file_of, remove_ipc_file  # noqa: F401
 from dynbatchd.loopsocket import (ADMIN, CLIENT, DRAIN_LIMIT, ROLE_PROPERTY, LoopSocket, Message,  # noqa: F401
-                                  _Throttle)
+                                  Oversized, _Throttle, guard_connections)
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,9 @@ def split_envelope(frames: list[bytes]) -> tuple[list[bytes], list[bytes]]:
 
 
 MAX_DEADLINE_MS = cfgmod.MAX_MS   # one day: the config's bound on every duration
+# A request is its header and the raw frames it references (one tensor: one frame). Empty frames cost
+# 2 bytes on the wire each and nothing against max_request_bytes, but ~100 bytes and ~1 us each here.
+MAX_REQUEST_FRAMES = 64
 RequestHandler = Callable[[list[bytes], P.Request, list[bytes]], None]
 
 
@@ -48,6 +51,7 @@ class FrontEnd:
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)   # a reply to a client that left is counted, not lost unseen
         # Hard stop far above the policy limit; the policy limit gets a polite reply.
         sock.setsockopt(zmq.MAXMSGSIZE, max(max_request_bytes * 4, 1 << 20))
+        guard_connections(sock)
         self.unauthenticated = 0   # handshakes refused by CURVE (tcp:// with curve on): no data either way
         self.curve = curve is not None and curve.secure(sock, endpoint, self._refused)
         try:
@@ -59,7 +63,9 @@ class FrontEnd:
         self.bound_file = ipc_file_of(endpoint)
         self.max_request_bytes = max_request_bytes
         self.handler = handler
-        self.io = LoopSocket(sock, self._on_messages, user_ids=self.curve)
+        # (identity, a REQ client's empty delimiter, the request's frames; bytes after the identity)
+        self.io = LoopSocket(sock, self._on_messages, user_ids=self.curve, max_frames=MAX_REQUEST_FRAMES + 2,
+                             max_bytes=max_request_bytes)
         self.peer: str | None = None   # the message being handled: its sender's CURVE key name, if any
         self.dropped = 0      # messages with no body to answer
         self.bad_requests = 0
@@ -83,16 +89,25 @@ class FrontEnd:
                 self.dropped += 1
                 continue
             try:
+                if frames.__class__ is Oversized:   # its excess was dropped unread: only its size is answered
+                    self._too_large(envelope, body, frames.count - len(envelope), frames.size)
+                    continue
                 self._on_request(envelope, body)
             except Exception:  # a bug must cost one message its answer's content, never the others theirs
                 log.exception("internal error handling a request")
                 self.reject(envelope, P.guess_id(body[0]), P.MODEL_ERROR, "internal error in the daemon; see its log")
 
+    def _too_large(self, envelope: list[bytes], body: list[bytes], count: int, size: int) -> None:
+        if size > self.max_request_bytes:
+            why = f"request of {size} bytes exceeds max_request_bytes ({self.max_request_bytes})"
+        else:
+            why = f"request of {count} frames: at most {MAX_REQUEST_FRAMES} (a header and the raw frames it references)"
+        self.reject(envelope, P.guess_id(body[0]), P.BAD_REQUEST, why)
+
     def _on_request(self, envelope: list[bytes], body: list[bytes]) -> None:
         size = sum(map(len, body))
-        if size > self.max_request_bytes:
-            self.reject(envelope, P.guess_id(body[0]), P.BAD_REQUEST,
-                        f"request of {size} bytes exceeds max_request_bytes ({self.max_request_bytes})")
+        if size > self.max_request_bytes or len(body) > MAX_REQUEST_FRAMES:
+            self._too_large(envelope, body, len(body), size)
             return
         try:
             request = P.decode_request(body[0])
@@ -127,6 +142,8 @@ def validate(request: P.Request, frames: list[bytes]) -> str | None:
         return "a request needs exactly one input: text, tensor or value"
     if request.text is not None and (not request.text or request.text.isspace()):   # (no stripped copy made)
         return "text is empty (or only whitespace): there is nothing to run"
+    if request.tenant is not None and len(request.tenant) > P.MAX_TENANT_CHARS:   # kept per tenant: a name
+        return f"tenant must be at most {P.MAX_TENANT_CHARS} characters, got {len(request.tenant)}"
     if request.tokens is not None and request.tokens < 0:
         return "tokens must be >= 0"
     if request.deadline_ms is not None and not 0 < request.deadline_ms <= MAX_DEADLINE_MS:

@@ -20,6 +20,7 @@ from dynbatchd import config as cfgmod
 from dynbatchd.config import ConfigError
 from dynbatchd.errors import DynbatchdError
 from dynbatchd.overrides import TUNABLE
+from dynbatchd.protocol import MAX_TENANT_CHARS
 
 
 class CommandError(DynbatchdError):
@@ -297,7 +298,7 @@ def warmup(daemon, top_users: int = 10_000, model: str | None = None) -> dict[st
     return daemon.cache_ops.warmup(model, top_users)
 
 
-TENANT_CHARS = 1024   # `forget`'s tenant is written to the log and the audit log: a name, not megabytes
+TENANT_CHARS = MAX_TENANT_CHARS   # `forget`'s tenant is written to the logs: a name, not megabytes (as at the door)
 
 
 def forget(daemon, user: str, tenant: str | None = None, by: str = "local") -> dict[str, Any]:

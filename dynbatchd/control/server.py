@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,8 @@ import zmq
 
 from dynbatchd import config as cfgmod, protocol as P
 from dynbatchd.control.commands import COMMANDS, TAKES_PEER, CommandError, for_client, needs_admin
-from dynbatchd.transport import (ADMIN, CurveServer, LoopSocket, _Throttle, bind, ipc_file_of, remove_ipc_file,
-                                 split_envelope)
+from dynbatchd.transport import (ADMIN, CurveServer, LoopSocket, Oversized, _Throttle, bind, guard_connections,
+                                 ipc_file_of, remove_ipc_file, split_envelope)
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,11 @@ _decoder = msgspec.msgpack.Decoder(ControlRequest)
 
 
 SOCKET_MODE = 0o660   # an ipc:// control socket: the daemon's user and group only
+# Commands handled per loop turn. A command may cost far more than a request (a status with 100,000
+# tenants in the quota table: ~25 ms), and a drain of 128 of them held every client's request 3 s.
+DRAIN_LIMIT = 4
+MAX_FRAMES = 8        # a request is one frame (after the envelope); more than this is dropped unread
+CLIENT_STATUS_NS = 1_000_000_000   # a client key's status may be this old: a flood of them costs one a second
 
 
 class ControlServer:
@@ -47,6 +53,7 @@ class ControlServer:
         sock = ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 500)
         sock.setsockopt(zmq.MAXMSGSIZE, 1 << 20)
+        guard_connections(sock)
         self.unauthenticated = 0   # handshakes refused by CURVE (tcp:// with curve on)
         self.curve = curve is not None and curve.secure(sock, endpoint, self._refused)
         try:
@@ -64,8 +71,11 @@ class ControlServer:
         # may come, as admins. A tcp:// one without CURVE (which the config refuses) admits no admin.
         self.keyless_admin = not endpoint.startswith("tcp://")
         self.daemon = daemon
-        self.io = LoopSocket(sock, self._on_messages, roles=self.curve)
+        self.clock = time.monotonic_ns
+        self.io = LoopSocket(sock, self._on_messages, roles=self.curve, drain_limit=DRAIN_LIMIT, max_frames=MAX_FRAMES,
+                             max_bytes=1 << 20)
         self.refused_not_admin = 0   # commands refused to a client key
+        self._client_status: tuple[int, Any] | None = None   # (when, result) of the last status a client key saw
         self._refusals = _Throttle(log)
 
     def _refused(self) -> None:
@@ -81,6 +91,10 @@ class ControlServer:
         for frames in batch:
             envelope, body = split_envelope(frames)
             if not body:
+                continue
+            if frames.__class__ is Oversized:   # its excess was dropped unread
+                self._answer(envelope, {"ok": False, "error": f"a control request is one frame (a MessagePack map), "
+                                                              f"not {frames.count - len(envelope)}"})
                 continue
             if self.curve:
                 who, admin = frames.user_id, frames.role == ADMIN
@@ -120,6 +134,8 @@ class ControlServer:
             return {"ok": False, "error": f"{request.cmd} needs an admin key: CURVE key {who!r} is a client's "
                                           "(keys_dir/clients/), and only keys in keys_dir/admins/ may change, "
                                           "stop or read the setup of the daemon"}
+        if not admin and request.cmd == "status" and not request.args:
+            return self._status_for_client()
         args = dict(request.args)
         if request.cmd in TAKES_PEER:   # who asks, for the log and the drop-in: never what the args claim
             args["by"] = who or "local"
@@ -130,6 +146,18 @@ class ControlServer:
         if inspect.isawaitable(result):
             return self._finish(request.cmd, result, admin)
         return {"ok": True, "result": result if admin else for_client(request.cmd, result)}
+
+    def _status_for_client(self) -> dict[str, Any]:
+        """`status` for a client key: computed at most once per CLIENT_STATUS_NS, so that a key that
+        may only read cannot make the daemon compute it for every request of a flood."""
+        now = self.clock()
+        if self._client_status is None or now - self._client_status[0] >= CLIENT_STATUS_NS:
+            try:
+                result = COMMANDS["status"](self.daemon)
+            except Exception as exc:
+                return self._failed("status", exc)
+            self._client_status = (now, {"ok": True, "result": for_client("status", result)})
+        return self._client_status[1]
 
     async def _finish(self, cmd: str, pending: Any, admin: bool) -> dict[str, Any]:
         try:
