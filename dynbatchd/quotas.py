@@ -22,6 +22,7 @@ injected clock (monotonic ns), read only while quotas are on; tests pass a fake 
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from typing import Any, Callable
@@ -170,8 +171,9 @@ class Quotas:
 
     def snapshot(self, limit: int = 100) -> dict[str, dict[str, Any]]:
         """Per tenant seen (the `limit` most active): its limits, what it holds and what it was refused."""
-        ranked = sorted(self._tenants.items(), key=lambda kv: -(kv[1].admitted + kv[1].refused_rate
-                                                                + kv[1].refused_inflight))[:limit]
+        # (the top `limit` only: sorting a table of 100,000 tenants took 60 ms a status, a /metrics scrape)
+        ranked = heapq.nlargest(limit, self._tenants.items(),
+                                key=lambda kv: kv[1].admitted + kv[1].refused_rate + kv[1].refused_inflight)
         return {name: {"rate": s.rate, "burst": s.burst, "inflight_limit": s.inflight_limit,
                        "inflight": s.inflight, "admitted": s.admitted,
                        "refused": {"rate": s.refused_rate, "inflight": s.refused_inflight}}
