@@ -136,7 +136,7 @@ class DevicePool:
         self._by_name = {w.name.encode(): w for w in self.workers}
         self._ready = asyncio.Event()
         self._closing = False
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: set[asyncio.Task] = set()   # the supervising tasks not yet ended (`_supervised`)
 
     # -- lifecycle ----------------------------------------------------------
     async def start(self, timeout_s: float) -> None:
@@ -162,7 +162,16 @@ class DevicePool:
             "--log-format", self.log_format, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL,
             start_new_session=True,
             env={**os.environ, DEVICE_LOCKS_ENV: self.ipc_dir})   # feeders of a simulated device take turns
-        self._tasks.append(asyncio.ensure_future(self._supervise(worker, worker.proc)))
+        task = asyncio.ensure_future(self._supervise(worker, worker.proc))
+        self._tasks.add(task)
+        task.add_done_callback(self._supervised)
+
+    def _supervised(self, task: asyncio.Task) -> None:
+        """A supervising task ended (its worker was started again by a new one, or the pool stops):
+        forget it, else each restart of a worker kept one for good. A failure is logged, not kept."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("supervising a worker failed: %s: %s", type(exc).__name__, exc)
 
     async def _supervise(self, worker: Worker, proc: asyncio.subprocess.Process) -> None:
         code = await proc.wait()
@@ -207,7 +216,7 @@ class DevicePool:
                 if proc.returncode is None:
                     proc.kill()
                 end_leftovers(proc.pid)
-        for task in self._tasks:
+        for task in list(self._tasks):
             task.cancel()
         self.io.stop()
         self.io.sock.close(0)
