@@ -43,6 +43,7 @@ class Reloads:
         self.daemon, self.ops = daemon, ops   # ops: the `Operations` whose tuning state a reload replaces
         self._reload_turn = asyncio.Lock()    # reloads apply one at a time, each planned on the last one
         self._signal_reload_waiting = False   # a SIGHUP's reload waits for its turn (later SIGHUPs join it)
+        self._running: set[asyncio.Task] = set()   # SIGHUP reloads under way (the loop keeps only weak refs)
 
     async def reload(self, *, by: str = "local", force: bool = False, dry_run: bool = False,
                      config: Config | None = None) -> dict[str, Any]:
@@ -190,4 +191,6 @@ class Reloads:
                     await self._reload_now(by="SIGHUP")
                 except (ConfigError, RiskRefused):
                     pass   # already logged, in one line
-        asyncio.ensure_future(run())
+        task = asyncio.ensure_future(run())
+        self._running.add(task)
+        task.add_done_callback(self._running.discard)

@@ -77,6 +77,7 @@ class ControlServer:
         self.refused_not_admin = 0   # commands refused to a client key
         self._client_status: tuple[int, Any] | None = None   # (when, result) of the last status a client key saw
         self._refusals = _Throttle(log)
+        self._answering: set[asyncio.Task] = set()   # commands answered when done (the loop keeps only weak refs)
 
     def _refused(self) -> None:
         self.unauthenticated += 1
@@ -102,7 +103,9 @@ class ControlServer:
                 who, admin = None, self.keyless_admin
             reply = self.handle(body[0], admin=admin, who=who)
             if inspect.isawaitable(reply):   # a command that waits (a risk assessment): answer when it is done
-                asyncio.ensure_future(self._answer_later(envelope, reply))
+                task = asyncio.ensure_future(self._answer_later(envelope, reply))
+                self._answering.add(task)
+                task.add_done_callback(self._answering.discard)
             else:
                 self._answer(envelope, reply)
 
