@@ -80,8 +80,12 @@ def load_profile(spec: str | Path) -> Profile:
         if not path.exists():
             raise cfgmod.ConfigError(str(spec), "", f"unknown profile (shipped: {', '.join(shipped_profiles())}; "
                                                     "or give a TOML file)")
-    try:
-        data = tomllib.loads(path.read_text())
+    try:   # a directory, an unreadable or a binary file: one line naming it, as a bad config is
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise cfgmod.ConfigError(str(path), "", f"cannot read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError as exc:
+        raise cfgmod.ConfigError(str(path), "", f"not UTF-8 text ({exc.reason})") from None
     except tomllib.TOMLDecodeError as exc:
         raise cfgmod.ConfigError(str(path), "", f"not valid TOML: {exc}") from None
     profile = cfgmod.convert(data, Profile, str(path))
@@ -110,6 +114,7 @@ class Traffic:
     tokens: int | None = None       # None: the guide's 7:2:1 mix
     trace: Path | None = None       # arrival pattern and sizes from a trace, rescaled to the peak rate
     seed: int = 1
+    most: int | None = None         # requests a trial may hold: a trace's burst is counted, not simulated past it
 
     @property
     def peak_rps(self) -> float:
@@ -123,6 +128,10 @@ class Traffic:
             if len(rows) < 2 or rows[-1][0] <= 0:
                 raise ValueError(f"{self.trace}: needs at least two timestamped rows")
             speed = self.peak_rps / (len(rows) / rows[-1][0])   # the trace's mean rate becomes the peak rate
+            held = sum(1 for at, _ in rows if at / speed < self.duration_s)
+            if self.most is not None and held > self.most:   # a burst at the start: the mean rate hides it
+                raise ValueError(f"{self.trace}: {held:,} requests fall in the first {self.duration_s:g} s at the "
+                                 f"peak rate; at most {self.most:,} a run (lower --duration or --requests-per-day)")
             return [Arrival(int(at / speed * SECOND), tokens, tags=tag())
                     for at, tokens in rows if at / speed < self.duration_s]
         out = []

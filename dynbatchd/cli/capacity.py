@@ -58,7 +58,8 @@ def build(config: Path | None, requests_per_day: str, peak_factor: float, durati
     cfg = cfgmod.load(path)
     plugins = Plugins.load()
     validate_config(cfg, plugins)
-    traffic = cap.Traffic(requests_of(requests_per_day), peak_factor, duration, urgent_share, tokens, trace, seed)
+    traffic = cap.Traffic(requests_of(requests_per_day), peak_factor, duration, urgent_share, tokens, trace, seed,
+                          limits.MOST_REQUESTS)
     limits.check_volume(traffic.peak_rps, duration, "--requests-per-day × --peak-factor × --duration")
     if is_generative(cfg):   # a causal-lm model: devices to meet the TTFT/TPOT targets
         if compare or trace or out_given:

@@ -44,6 +44,10 @@ MOST: dict[str, float] = {
 }
 # Requests one simulated run (a trial of capacity, a cell of bench) may hold: about 30 s of work.
 MOST_REQUESTS = 1_000_000
+# Simulated seconds a trace replay may span (its last time / --compress): the simulator observes its
+# channels every simulated second, so a span of 1e14 s (two rows far apart) would never end; 1e7 s
+# (116 days) is about half a minute of that.
+MOST_TRACE_SPAN_S = 1e7
 INT_MOST = 2**63 - 1
 # Must be above 0 (the option's own `min` cannot say "> 0" for a float).
 POSITIVE = {"--timeout"}

@@ -18,9 +18,9 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 try:
-    from typer._click.exceptions import UsageError   # typer 0.2x carries its own click
+    from typer._click.exceptions import NoArgsIsHelpError, UsageError   # typer 0.2x carries its own click
 except ImportError:  # pragma: no cover - a typer on the installed click
-    from click.exceptions import UsageError
+    from click.exceptions import NoArgsIsHelpError, UsageError
 
 from dynbatchd.cli import limits
 from dynbatchd.client import DynbatchdError, NotRunning
@@ -52,6 +52,9 @@ class OneLineErrors(TyperGroup):
     def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except NoArgsIsHelpError as exc:   # its message is the help, printed already: say what is missing
+            names = ", ".join(exc.ctx.command.list_commands(exc.ctx))
+            raise fail(f"{exc.ctx.command_path} needs a command: {names}", 2) from None
         except UsageError as exc:
             raise fail(exc.format_message(), 2) from None
 

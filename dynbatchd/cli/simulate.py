@@ -46,8 +46,15 @@ def trace_arrivals(path: Path, compress: float, seed: int = 1, urgent_share: flo
     """A real trace (`read_trace_csv`: Azure LLM, BurstGPT or Mooncake format), sped up ×compress;
     a seeded `urgent_share` of the requests is tagged ``urgent``, as in the Poisson traffic."""
     rng = random.Random(seed)
+    rows = read_trace_csv(path, most=limits.MOST_REQUESTS)   # every row is simulated: the run's bound
+    if not rows:   # a header alone: a report of nothing would pass for a result
+        raise ValueError(f"--trace {path}: no requests in it")
+    span = rows[-1][0] / compress
+    if span > limits.MOST_TRACE_SPAN_S:
+        raise ValueError(f"--trace {path}: spans {span:,.0f} simulated s at --compress {compress:g}; at most "
+                         f"{limits.MOST_TRACE_SPAN_S:,.0f} (raise --compress or replay a part of it)")
     return [Arrival(int(at / compress * SECOND), tokens, tags=("urgent",) if rng.random() < urgent_share else ())
-            for at, tokens in read_trace_csv(path)]
+            for at, tokens in rows]
 
 
 def device_models(cfg: cfgmod.Config, base_ms: float | None, per_item_ms: float | None,
@@ -111,6 +118,7 @@ def simulate(ctx: typer.Context,
     try:
         if path is None:
             raise ValueError(f"no config file found (searched {cfgmod.search_order_text()})")
+        modes = modes_of(mode)   # a misspelt --mode is refused on any config, not ignored
         cfg = cfgmod.load(path)
         plugins = Plugins.load()
         validate_config(cfg, plugins)   # what the daemon would refuse is not simulated either
@@ -123,7 +131,7 @@ def simulate(ctx: typer.Context,
             limits.check_volume(5.0 if rate is None else rate, duration, "--rate × --duration")
             latency = {"step_ms": base_ms, "per_seq_ms": per_item_ms, "prefill_ms_per_token": per_token_ms}
             used = len(cfg.devices.use) if isinstance(cfg.devices.use, list) else 1
-            data = generative_data(cfg, path, scenario=scenario or "mixed", modes=modes_of(mode),
+            data = generative_data(cfg, path, scenario=scenario or "mixed", modes=modes,
                                    rate=5.0 if rate is None else rate, duration=duration, devices=devices or used,
                                    seed=seed, latency={k: v for k, v in latency.items() if v is not None})
             return show_generative(data, as_json, wide)

@@ -6,6 +6,7 @@ Every generator takes a seed, so a replay is deterministic.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import random
@@ -73,19 +74,25 @@ FORMATS = ("a CSV with TIMESTAMP and ContextTokens, or Timestamp and Request tok
            "timestamp and input_length")
 
 
-def read_trace_csv(path: Any) -> list[tuple[float, int]]:
+def read_trace_csv(path: Any, most: int | None = None) -> list[tuple[float, int]]:
     """(seconds since the first request, tokens) per request of a real trace, in time order. Three
     public formats, told apart by their first line: a CSV with TIMESTAMP and ContextTokens
     columns (the Azure LLM inference traces), a CSV with Timestamp (seconds) and Request tokens
     columns (BurstGPT), or JSON lines with timestamp (milliseconds) and input_length (Mooncake).
-    Each row is checked (`_checked`): a bad one is a ValueError naming the file, its line and what is wrong."""
+    Each row is checked (`_checked`): a bad one is a ValueError naming the file, its line and what is wrong.
+    `most`: more rows than that is a ValueError, found by reading one past it, never the whole file
+    (a caller that replays every row would otherwise hold gigabytes and run for minutes)."""
     try:
         with open(path, newline="", encoding="utf-8-sig") as f:   # -sig: a spreadsheet's BOM is not a header
             first = f.readline()
             f.seek(0)
-            rows = list(_rows(path, f, first))
+            rows = list(itertools.islice(_rows(path, f, first), None if most is None else most + 1))
     except UnicodeDecodeError as exc:
         raise ValueError(f"{path}: not UTF-8 text ({exc.reason})") from None
+    except OSError as exc:   # missing, a directory, unreadable: the file and why, not errno's repr
+        raise ValueError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if most is not None and len(rows) > most:
+        raise ValueError(f"{path}: more than {most:,} requests; at most {most:,} a run (replay a part of it)")
     rows.sort()
     t0 = rows[0][0] if rows else 0.0
     return [(t - t0, tokens) for t, tokens in rows]
