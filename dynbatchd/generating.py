@@ -261,8 +261,7 @@ class Generations:
             if not numbers:
                 del self.by_client[key]
         self.daemon._send((answer,), run.channel)
-        if (self.daemon.state == "draining" and not self.jobs) or getattr(self.daemon, "membership", None) \
-                and self.daemon.membership.unloading_models:
+        if (self.daemon.state == "draining" and not self.jobs) or self.daemon.membership.unloading_models:
             self.daemon._schedule_pump()   # the pass that sees the drain settled, or a removed model unloaded
 
 

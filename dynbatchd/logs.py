@@ -95,7 +95,7 @@ def setup(level: str, log_format: str = "text", *, worker: str | None = None) ->
 
 class LineBudget:
     """How many lines about single requests to write, per kind (an answer's code): BURST at once,
-    then PER_SECOND; the rest are left out and counted, the count carried by the next line written.
+    then PER_SECOND (or the `burst` and `per_second` given); the rest are left out and counted, the count carried by the next line written.
     A storm (a model failing every batch, a client flooding refused requests) once wrote a line a
     request: the loop spent its time on them, and journald, past its rate limit, dropped the
     service's lines wholesale, those that say what broke among them. Metrics count every answer."""
@@ -103,16 +103,17 @@ class LineBudget:
     BURST = 100
     PER_SECOND = 10.0
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic):
-        self._clock = clock
+    def __init__(self, clock: Callable[[], float] = time.monotonic, *, burst: int = BURST,
+                 per_second: float = PER_SECOND):
+        self._clock, self.burst, self.per_second = clock, burst, per_second
         self._kinds: dict[str, list[float]] = {}   # kind -> [lines it may write now, when counted, left out]
 
     def take(self, kind: str) -> int | None:
         """None: leave this line out (it is counted). Else write it, with how many were left out since
         the last line of its kind (mostly 0)."""
         now = self._clock()
-        state = self._kinds.setdefault(kind, [float(self.BURST), now, 0])
-        state[0] = min(float(self.BURST), state[0] + (now - state[1]) * self.PER_SECOND)
+        state = self._kinds.setdefault(kind, [float(self.burst), now, 0])
+        state[0] = min(float(self.burst), state[0] + (now - state[1]) * self.per_second)
         state[1] = now
         if state[0] < 1.0:
             state[2] += 1

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import Any, Callable
 
 import zmq
+
+from dynbatchd.logs import LineBudget
 
 log = logging.getLogger("dynbatchd.transport")
 
@@ -257,20 +258,13 @@ def guard_connections(sock: zmq.Socket) -> None:
 
 
 class _Throttle:
-    """At most one log line per `interval_s` for one kind of event; the rest are counted into the next."""
+    """At most one log line per `interval_s` for one kind of event; the rest are counted into the next
+    (a `LineBudget` of one line at once)."""
 
     def __init__(self, logger: logging.Logger, interval_s: float = 10.0):
-        self.log, self.interval_s = logger, interval_s
-        self._next_at = 0.0
-        self._held = 0
+        self.log = logger
+        self._budget = LineBudget(burst=1, per_second=1.0 / interval_s)
 
     def warning(self, message: str, *args: Any) -> None:
-        now = time.monotonic()
-        if now < self._next_at:
-            self._held += 1
-            return
-        if self._held:
-            message, args = message + " (and %d more since the last such line)", (*args, self._held)
-        self._held, self._next_at = 0, now + self.interval_s
-        self.log.warning(message, *args)
-
+        if (more := self._budget.admit("")) is not None:
+            self.log.warning(message + "%s", *args, more)

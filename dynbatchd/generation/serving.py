@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from dynbatchd import protocol as P
+from dynbatchd.devices.execution import WorkerStopping
 from dynbatchd.logs import LineBudget
 from dynbatchd.generation.batching import ChannelTargets, Finished, GenerationScheduler, GenRequest
 from dynbatchd.generation.kv import KVLedger, kv_budget_tokens_of
@@ -190,8 +191,6 @@ class GenerationLoop:
         try:
             return list(call(seq_ids))
         except BaseException as exc:   # (the worker's own catch is Exception: SystemExit ended it)
-            from dynbatchd.devices.execution import WorkerStopping
-
             if isinstance(exc, WorkerStopping):
                 raise
             kind = type(exc).__name__   # (not its text: that may quote the input)

@@ -32,6 +32,7 @@ class FakeDaemon:
         self.front = types.SimpleNamespace(io=types.SimpleNamespace(send=self.frames.append))
         self.answers = []
         self.state = "serving"
+        self.membership = types.SimpleNamespace(unloading_models=set())   # no reload removing a model
         self.now = 1_000_000
 
     def clock(self):
