@@ -18,9 +18,11 @@ characters. Never the request's content, which no log line may hold (tests/daemo
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import sys
+import threading
 import time
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -127,3 +129,46 @@ class LineBudget:
         None: leave the line out."""
         held = self.take(kind)
         return None if held is None else f" (and {held} more since the last such line)" if held else ""
+
+
+class WithheldStream(io.TextIOBase):
+    """A worker's ``sys.stderr`` once its log is set up (`withhold_stderr`): what model code writes
+    there (a print of its inputs, a debug dump) is counted, not written, as it may hold payloads. A
+    line says how much, at most one a `every_s`. The worker's own log lines keep the real stream."""
+
+    def __init__(self, note: Callable[[int], None], clock: Callable[[], float] = time.monotonic,
+                 every_s: float = 60.0):
+        self._note, self._clock, self.every_s = note, clock, every_s
+        self.withheld = 0           # characters written, all told
+        self._noted_at: float | None = None
+        self._noting = False        # (a failing log handler reports to stderr: not back into the note)
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self.withheld += len(text)
+        now = self._clock()
+        if not self._noting and text and (self._noted_at is None or now - self._noted_at >= self.every_s):
+            self._noted_at, self._noting = now, True
+            try:
+                self._note(self.withheld)
+            finally:
+                self._noting = False
+        return len(text)
+
+
+def withhold_stderr(log: logging.Logger) -> WithheldStream:
+    """Keep what a worker's Python code writes to stderr out of the log (`WithheldStream`). An
+    uncaught exception of the worker's own, in any thread, is still logged, with its traceback,
+    through `log`, and so is a library's warning. What native libraries write to the file descriptor
+    is not Python's, and stays."""
+    logging.captureWarnings(True)
+    stream = WithheldStream(lambda count: log.warning(
+        "model code wrote %d characters to stderr in all; they are not logged, as they may hold request data", count))
+    sys.stderr = stream
+    sys.excepthook = lambda kind, exc, tb: log.critical("uncaught %s", kind.__name__, exc_info=(kind, exc, tb))
+    threading.excepthook = lambda args: log.critical(
+        "uncaught %s in thread %s", args.exc_type.__name__, getattr(args.thread, "name", "?"),
+        exc_info=(args.exc_type, args.exc_value, args.exc_traceback))
+    return stream

@@ -115,6 +115,9 @@ def _act(text, n):
     if kind == "print":   # "print:TEXT": a model that prints its inputs (and flushes: the reply follows the write)
         print(text, flush=True)
         return None
+    if kind == "eprint":   # "eprint:TEXT": the same, to stderr, as a debugging model might
+        print(text, file=sys.stderr, flush=True)
+        return None
     if kind == "stdout":
         sys.stdout.write("x" * (4 << 20))
         sys.stdout.flush()

@@ -154,7 +154,8 @@ class DevicePool:
     async def _spawn(self, worker: Worker) -> None:
         """Start `worker`'s process. Its stdout goes nowhere: nothing of the worker's own speaks there
         (its log lines go to stderr, the daemon's log), and a model that printed its inputs put
-        payloads in the log. Its stderr stays the daemon's: log lines, tracebacks, native libraries' errors."""
+        payloads in the log. Its stderr stays the daemon's: log lines, tracebacks, native libraries' errors
+        (what Python code writes there is counted, not written: `dynbatchd.logs.withhold_stderr`)."""
         worker.state = "starting"
         worker.proc = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "dynbatchd.devices.worker", "--endpoint", self.endpoint,

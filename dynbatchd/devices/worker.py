@@ -28,7 +28,7 @@ from dynbatchd.devices.execution import Execution, Undecodable, WorkerStopping, 
 from dynbatchd.devices.pipeline import Finished, Pipeline
 from dynbatchd.devices.runners import Runner
 from dynbatchd.memory import batch_peak_bytes
-from dynbatchd.logs import FORMATS, LineBudget, setup as setup_logging
+from dynbatchd.logs import FORMATS, LineBudget, setup as setup_logging, withhold_stderr
 
 log = logging.getLogger("dynbatchd.worker")
 failed_step_lines = LineBudget()   # a line a failed generation step, per model: one failing every step is a storm
@@ -335,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-format", default="text", choices=FORMATS)
     args = parser.parse_args(argv)
     setup_logging(args.log_level, args.log_format, worker=args.name)
+    withhold_stderr(log)   # the model's prints to stderr may hold payloads; the log lines above keep the real one
     _die_with_parent()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the daemon decides when workers stop
     signal.signal(signal.SIGTERM, _stop)

@@ -144,6 +144,16 @@ def test_what_a_model_prints_stays_out_of_the_log_while_its_workers_log_lines_re
     assert "a-payload-that-must-not-be-logged" not in daemon.logs()
 
 
+def test_what_a_model_writes_to_stderr_is_counted_in_the_log_but_not_written_there(daemon):
+    """A worker's stderr was the daemon's log: a model that printed its inputs to stderr put payloads there."""
+    printed = "eprint:a-payload-for-stderr-only"
+    with Client(daemon.endpoint) as client:
+        assert beside_a_mate_and_a_bystander(client, printed) == [printed, "mate", "bystander"]
+    line = f"model code wrote {len(printed)} characters to stderr in all; they are not logged"
+    wait_until(lambda: line in daemon.logs(), 10, message="the withheld characters were never counted in the log")
+    assert "a-payload-for-stderr-only" not in daemon.logs()
+
+
 def test_a_model_load_error_whose_text_cannot_be_read_stops_the_start_naming_its_type(tmp_path):
     """An exception whose __str__ raises, while a model loads: formatting it for the Failed message
     raised again and ended the worker unheard; the daemon restarted it until it gave the device up."""

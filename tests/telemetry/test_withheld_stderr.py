@@ -1,0 +1,44 @@
+"""A worker's ``sys.stderr`` is a `WithheldStream` (`dynbatchd.logs.withhold_stderr`): what model
+code writes there may hold payloads, so it is counted, not written, and a log line says how much,
+at most one a minute. The end-to-end check is in tests/devices/test_model_misbehaviour.py."""
+
+from __future__ import annotations
+
+from dynbatchd.logs import WithheldStream
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_first_write_is_noted_then_at_most_one_note_an_interval_with_the_running_total():
+    clock, notes = FakeClock(), []
+    stream = WithheldStream(notes.append, clock, every_s=60.0)
+    assert stream.write("secret input\n") == len("secret input\n")
+    assert stream.write("more") == 4
+    clock.now += 59.9
+    stream.write("x")
+    assert notes == [len("secret input\n")]   # within the interval: counted, not noted
+    clock.now += 0.1
+    stream.write("yz")
+    assert notes == [len("secret input\n"), len("secret input\n") + 4 + 1 + 2]
+    assert stream.withheld == notes[-1]
+
+
+def test_an_empty_write_notes_nothing_and_a_note_that_writes_to_stderr_does_not_recurse():
+    notes: list[int] = []
+    stream: WithheldStream
+
+    def note(count: int) -> None:   # a failing log handler reports to stderr, which is this stream
+        notes.append(count)
+        stream.write("--- Logging error ---\n")
+
+    stream = WithheldStream(note, FakeClock())
+    stream.write("")
+    assert notes == []
+    stream.write("abc")
+    assert notes == [3] and stream.withheld == 3 + len("--- Logging error ---\n")
