@@ -42,3 +42,24 @@ def test_an_empty_write_notes_nothing_and_a_note_that_writes_to_stderr_does_not_
     assert notes == []
     stream.write("abc")
     assert notes == [3] and stream.withheld == 3 + len("--- Logging error ---\n")
+
+
+def test_in_a_process_its_own_log_lines_uncaught_exceptions_and_warnings_still_reach_stderr():
+    """Replacing sys.stderr also silenced what went there by default: tracebacks and warnings."""
+    import subprocess
+    import sys
+
+    script = ("import logging, sys, threading, warnings\n"
+              "from dynbatchd.logs import setup, withhold_stderr\n"
+              "setup('info', worker='w0'); log = logging.getLogger('t'); withhold_stderr(log)\n"
+              "print('PAYLOAD-TEXT', file=sys.stderr); log.info('own line')\n"
+              "warnings.warn('a library warning')\n"
+              "t = threading.Thread(target=lambda: 1 / 0, name='side'); t.start(); t.join()\n"
+              "raise ValueError('boom')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    err = done.stderr
+    assert done.returncode == 1
+    assert "PAYLOAD-TEXT" not in err and "model code wrote 12 characters to stderr" in err, err
+    assert "own line" in err and "a library warning" in err, err
+    assert "uncaught ZeroDivisionError in thread side" in err and "uncaught ValueError" in err, err
+    assert err.count("Traceback") == 2, err
