@@ -21,7 +21,7 @@ from typing import Any
 
 from dynbatchd import protocol as P
 from dynbatchd.engine import OK, Answer
-from dynbatchd.generation.batching import ENDED_WELL
+from dynbatchd.generation.batching import ENDED_WELL, InFlight
 from dynbatchd.telemetry import Histogram
 
 log = logging.getLogger("dynbatchd")
@@ -58,7 +58,7 @@ class Generations:
         self.daemon = daemon
         self.jobs: dict[int, Running] = {}
         self.by_client: dict[tuple[bytes, Any], list[int]] = {}   # a client's id -> its jobs, oldest first
-        self.per_channel: dict[str, int] = {}        # channel -> its generate jobs in flight
+        self.in_flight = InFlight()                 # channel -> its generate jobs in flight (queue_limit)
         self.next_job = 1
         # (worker, model) -> KV tokens its loop holds (after its last end): one figure per worker
         # once showed 0 while another model's loop there held thousands
@@ -94,7 +94,7 @@ class Generations:
             return
         settings = self.daemon.config.channels[job.channel]
         limit = getattr(settings, "queue_limit", None)
-        if limit is not None and self.per_channel.get(job.channel, 0) >= limit:
+        if self.in_flight.full(job.channel, limit):
             self._overloaded(job.channel)
             self.daemon._send((Answer(pending, P.OVERLOADED, f"channel {job.channel!r} queue is full "
                                                              f"({limit} generating or waiting)"),), job.channel)
@@ -116,7 +116,7 @@ class Generations:
         worker = min(load, key=load.get)
         self.next_job += 1
         run = self.jobs[number] = Running(pending, job.channel, worker, now_ns, deadline_ms=job.deadline_ms)
-        self.per_channel[job.channel] = self.per_channel.get(job.channel, 0) + 1
+        self.in_flight.add(job.channel)
         self._count(job.channel, "accepted")
         self.by_client.setdefault((pending.envelope[0], request.id), []).append(number)
         if job.deadline_ms and (loop := getattr(self.daemon, "loop", None)) is not None:
@@ -248,7 +248,7 @@ class Generations:
 
     def _finish(self, number: int, answer: Answer) -> None:
         run = self.jobs.pop(number)
-        self.per_channel[run.channel] -= 1
+        self.in_flight.end(run.channel)
         if run.overdue is not None:
             run.overdue.cancel()
         if counter := COUNTERS.get(answer.code):   # late: a worker's end after the deadline, before its step noticed

@@ -47,9 +47,9 @@ def render_generative(data: dict[str, Any], out: Console, wide: bool = False) ->
     out.print(f"[yellow]SIMULATED[/yellow] generative capacity: {t['requests_per_day']:,.0f} requests/day, peak "
               f"{t['peak_rps']:.1f} req/s ({data['scenario']} workload) on {p['name']} devices: model {d['model']}, "
               f"KV {d['kv_budget_tokens']} tokens ({d['kv_source']}), {d['step_ms']:g} ms/step", highlight=False)
-    columns = [("devices", 0), ("met targets", 0), ("goodput tok/s", 2), ("preemptions", 3)]
-    rows = [[str(x["devices"]), f"{100 * x['met_fraction']:.2f}%", f"{x['goodput_tokens_per_s']:,.0f}",
-             str(x["preemptions"])] for x in data["trials"]]
+    columns = [("devices", 0), ("met targets", 0), ("overloaded", 1), ("goodput tok/s", 2), ("preemptions", 3)]
+    rows = [[str(x["devices"]), f"{100 * x['met_fraction']:.2f}%", f"{100 * x['overloaded_fraction']:.2f}%",
+             f"{x['goodput_tokens_per_s']:,.0f}", str(x["preemptions"])] for x in data["trials"]]
     show(out, fit_table("pool sizes tried (SIMULATED)", columns, rows, out, wide), wide)
     out.print(f"{data['devices']} device(s) meet the TTFT/TPOT targets in at least {100 * data['target']:.2f}% of "
               f"requests; ${data['monthly_cost']:,.0f}/month at ${p['price_per_hour']:g}/h"

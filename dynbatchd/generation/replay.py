@@ -3,7 +3,9 @@
 A job joins when its arrival time has passed on the loop's clock; the loop steps while it is busy
 and, when idle, sleeps until the next arrival. The CPU benchmark runs it on the wall clock with the
 real runner; the tests run it on a counter clock, so the same code is what both measure. A job's
-TTFT counts from its arrival, not from when the loop took it (a long step delays the take).
+TTFT counts from its arrival, not from when the loop took it (a long step delays the take). Given
+channels' ``queue_limit``s, a job is refused overloaded on arrival as the daemon refuses it before
+handing it over (`dynbatchd.generation.simulation.InFlight`).
 """
 
 from __future__ import annotations
@@ -12,10 +14,10 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from dynbatchd import protocol as P
-from dynbatchd.generation.batching import ENDED_WELL, ChannelTargets, GenRequest
+from dynbatchd.generation.batching import ENDED_WELL, ChannelTargets, GenRequest, InFlight
 from dynbatchd.generation.serving import GenerationLoop
 
 
@@ -74,34 +76,55 @@ class RunReport:
         return sum(e.output_tokens for e in self.ends) / max(1e-9, self.wall_ms / 1000)
 
     @property
+    def overloaded(self) -> int:
+        return sum(1 for e in self.ends if e.reason == P.OVERLOADED)
+
+    @property
     def ttft_p50_ms(self) -> float:
         good = [self.ttft_ms(e) for e in self.ends if e.reason in ENDED_WELL]
         return median(good) if good else float("nan")
 
 
 def replay(loop: GenerationLoop, jobs: list[TimedJob], clock: Callable[[], float],
-           sleep: Callable[[float], Any]) -> RunReport:
+           sleep: Callable[[float], Any], queue_limits: Mapping[str, int | None] | None = None) -> RunReport:
     """Feed `jobs` to `loop` as their arrivals pass on `clock` (ms), step while busy; every job's
-    end. `sleep(ms)` waits for the next arrival while the loop is idle."""
+    end. `sleep(ms)` waits for the next arrival while the loop is idle. `queue_limits` (channel ->
+    its ``queue_limit``): a job arriving while its channel holds that many ends overloaded at once;
+    one arriving during a step still counts that step's ends as held (the daemon hears of them after)."""
     pending = deque(sorted(jobs, key=lambda j: j.arrival_ms))
     channel_of = {j.job.job: j.job.channel for j in jobs}
+    limits, held, accepted = queue_limits or {}, InFlight(), deque()
     lag: dict[int, float] = {}
     ends: list[P.GenEnd] = []
     start = clock()
     last = start
-    while pending or loop.busy:
-        now = clock() - start
-        while pending and pending[0].arrival_ms <= now:
+
+    def arrive(now: float, before: bool) -> None:
+        while pending and (pending[0].arrival_ms < now if before else pending[0].arrival_ms <= now):
             timed = pending.popleft()
+            if held.full(timed.job.channel, limits.get(timed.job.channel)):
+                ends.append(P.GenEnd(timed.job.job, P.OVERLOADED))
+            else:
+                held.add(timed.job.channel)
+                accepted.append(timed)
+
+    while pending or accepted or loop.busy:
+        now = clock() - start
+        arrive(now, before=False)
+        while accepted:
+            timed = accepted.popleft()
             lag[timed.job.job] = now - timed.arrival_ms
             loop.take(timed.job)
         if not loop.busy:
             if pending:
                 sleep(pending[0].arrival_ms - now)
             continue
-        for msg in loop.step():
+        messages = loop.step()
+        arrive(clock() - start, before=True)
+        for msg in messages:
             if isinstance(msg, P.GenEnd):
                 ends.append(msg)
+                held.end(channel_of[msg.job])
                 last = clock()
     mode = loop.scheduler.mode
     return RunReport(mode, ends, channel_of, lag, last - start - min((j.arrival_ms for j in jobs), default=0.0),

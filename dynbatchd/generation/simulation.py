@@ -4,7 +4,8 @@ A step costs ``step_ms + per_seq_ms × sequences decoding + per_kv_token_ms × K
 prefill_ms_per_token × prompt tokens prefilled``: decode is bound by reading the weights once per
 step (the fixed part) plus each sequence's KV; prefill by compute per token. In ``static`` mode a
 batch is padded: it prefills every member at its longest prompt's length and keeps decoding ended
-members until its longest member ends. Every figure this produces is SIMULATED.
+members until its longest member ends. A channel's ``queue_limit`` refuses a request on arrival
+as the daemon does (`InFlight`). Every figure this produces is SIMULATED.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import deque
 from dataclasses import dataclass, field
+from typing import Mapping
 
-from dynbatchd.generation.batching import ChannelTargets, Finished, GenerationScheduler, GenRequest, StepPlan
+from dynbatchd.generation.batching import ChannelTargets, Finished, GenerationScheduler, GenRequest, InFlight, StepPlan
 from dynbatchd.generation.kv import KVLedger
+from dynbatchd.protocol import OVERLOADED   # a request refused on arrival: its channel held its queue_limit
 from dynbatchd.simulate.traces import poisson
 
 
@@ -83,6 +87,10 @@ class SimulationReport:
         return self.targets[f.channel].met(f.reason, f.ttft_ms, f.tpot_ms)
 
     @property
+    def overloaded(self) -> int:
+        return sum(1 for f in self.finished if f.reason == OVERLOADED)
+
+    @property
     def output_tokens(self) -> int:
         return sum(f.output_tokens for f in self.finished)
 
@@ -100,32 +108,53 @@ class SimulationReport:
         return {"mode": self.mode, "requests": len(self.finished),
                 "met_targets": sum(1 for f in self.finished if self.met(f)),
                 "goodput_tokens_per_s": round(self.goodput_tokens_per_s, 1),
-                "tokens_per_s": round(self.tokens_per_s, 1), "steps": self.steps,
+                "tokens_per_s": round(self.tokens_per_s, 1), "overloaded": self.overloaded, "steps": self.steps,
                 "preemptions": self.preemptions, "kv_peak_bytes": self.kv["kv_peak_bytes"],
                 "kv_budget_bytes": self.kv["kv_budget_bytes"], "kv_over_budget": self.kv["kv_over_budget"]}
 
 
 def simulate_generation(requests: list[GenRequest], channels: dict[str, ChannelTargets], *, mode: str,
                         kv_budget_tokens: int, bytes_per_token: int = 1, latency: GenerationLatency | None = None,
-                        max_batch: int = 64, max_prefill_tokens: int = 4096, tpot_guard: bool = False
-                        ) -> SimulationReport:
+                        max_batch: int = 64, max_prefill_tokens: int = 4096, tpot_guard: bool = False,
+                        queue_limits: Mapping[str, int | None] | None = None) -> SimulationReport:
     """Drive a `GenerationScheduler` over `requests` on a fake clock; every token of every request counted.
     `tpot_guard` gives the scheduler the latency model's step estimate, so a lower class's prefill
-    waits while it would break a higher class's TPOT (see `dynbatchd.generation.batching`)."""
+    waits while it would break a higher class's TPOT (see `dynbatchd.generation.batching`).
+    `queue_limits` (channel -> its ``queue_limit``; None or absent: none): a request is refused
+    `OVERLOADED` at its arrival when its channel already holds that many, as the daemon refuses it
+    before its worker sees it; one arriving during a step still counts that step's ends as held."""
     latency = latency or GenerationLatency()
     ledger = KVLedger(kv_budget_tokens * bytes_per_token, bytes_per_token)
     sched = GenerationScheduler(ledger, channels, mode=mode, max_batch=max_batch,
                                 max_prefill_tokens=max_prefill_tokens, step_cost_ms=latency.estimate_ms if tpot_guard else None)
+    limits, held, accepted = queue_limits or {}, InFlight(), deque()
     arrivals = [(r.arrival_ms, i, r) for i, r in enumerate(requests)]
     heapq.heapify(arrivals)
     now, finished = 0.0, []
-    while arrivals or not sched.idle:
-        while arrivals and arrivals[0][0] <= now:
-            refused = sched.submit(heapq.heappop(arrivals)[2], now)
+
+    def arrive(before_ms: float) -> None:
+        """Decide each request arrived before `before_ms`: accepted (held) or refused at once."""
+        while arrivals and arrivals[0][0] < before_ms:
+            r = heapq.heappop(arrivals)[2]
+            if held.full(r.channel, limits.get(r.channel)):
+                finished.append(Finished(r.id, r.channel, OVERLOADED, 0, r.arrival_ms, None, r.arrival_ms))
+            else:
+                held.add(r.channel)
+                accepted.append(r)
+
+    def ended(ends: list[Finished] | tuple[Finished, ...]) -> None:
+        finished.extend(ends)
+        for f in ends:
+            held.end(f.channel)
+
+    while arrivals or accepted or not sched.idle:
+        arrive(math.nextafter(now, math.inf))   # at or before the boundary: after the last step's ends
+        while accepted:
+            refused = sched.submit(accepted.popleft(), now)
             if refused:
-                finished.append(refused)
+                ended((refused,))
         plan = sched.plan(now)
-        finished.extend(plan.ended)
+        ended(plan.ended)
         if plan.empty:
             if not arrivals:
                 break
@@ -133,7 +162,8 @@ def simulate_generation(requests: list[GenRequest], channels: dict[str, ChannelT
             continue
         kv_tokens = sum(s.context_tokens for s in sched.running.values())
         now += latency.step_cost_ms(plan, kv_tokens, static=mode == "static")
-        finished.extend(sched.complete(plan, now))
+        arrive(now)                             # arrived during the step: its ends not seen yet
+        ended(sched.complete(plan, now))
     start = min((r.arrival_ms for r in requests), default=0.0)
     return SimulationReport(mode, finished, now - start, sched.steps, sched.preemptions, ledger.counters(),
                             dict(channels))

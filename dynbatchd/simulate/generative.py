@@ -6,19 +6,21 @@ as met within both); the causal-lm model's ``simulated`` option (the step costs 
 `GenerationLatency`; defaults: a 7B-class model on one GPU), its ``max_batch_sequences``,
 ``max_prefill_tokens`` and ``mode``, and its KV budget: the ``kv_budget_tokens`` option, else the
 planner's formula (`dynbatchd.generation.kv.kv_budget_bytes`) over the model directory's config
-and ``[devices] memory_gb``, else the worker's default. Every figure is SIMULATED.
+and ``[devices] memory_gb``, else the worker's default; each channel's ``queue_limit`` (a request
+past it is refused overloaded on arrival, as the daemon refuses it). Every figure is SIMULATED.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
 from dynbatchd.generation.batching import ChannelTargets, GenRequest
 from dynbatchd.generation.kv import kv_budget_tokens_of
 from dynbatchd.generation.serving import DEFAULT_KV_BUDGET_TOKENS, NO_TARGET_MS
-from dynbatchd.generation.simulation import (GenerationLatency, SimulationReport, k12_workload, mixed_workload,
-                                             simulate_generation)
+from dynbatchd.generation.simulation import (OVERLOADED, GenerationLatency, SimulationReport, k12_workload,
+                                             mixed_workload, simulate_generation)
 
 RUNNER = "causal-lm"
 SCENARIOS = ("mixed", "k12")
@@ -102,6 +104,14 @@ def channel_targets(cfg: Any, scenario: str = "mixed") -> dict[str, ChannelTarge
     return out
 
 
+def queue_limits(cfg: Any, devices: int = 1) -> dict[str, int]:
+    """Each channel's ``queue_limit`` on one of `devices` devices sharing the load evenly: the daemon
+    counts a channel's generate jobs over all its devices (one daemon holding them all, its
+    hand-over picking the least-loaded worker), so a device holds its share, rounded up. A K12
+    channel the config lacks has none."""
+    return {name: math.ceil(ch.queue_limit / devices) for name, ch in cfg.channels.items()}
+
+
 def generative_channels(cfg: Any) -> tuple[str, ...]:
     """The channels the mixed workload offers traffic to: those with a ttft_ms or tpot_ms, else the default."""
     named = tuple(n for n, ch in cfg.channels.items() if ch.ttft_ms is not None or ch.tpot_ms is not None)
@@ -124,20 +134,23 @@ def workload(cfg: Any, scenario: str, rate_per_s: float, requests: int, seed: in
 
 def run_generative(cfg: Any, device: GenerativeDevice, *, scenario: str = "mixed", mode: str | None = None,
                    rate_per_s: float, requests: int, seed: int = 1, tpot_guard: bool | None = None,
-                   **overrides: int) -> SimulationReport:
-    """One simulated device under `requests` arrivals at `rate_per_s`; `overrides`: max_batch,
-    max_prefill_tokens (what `tune` tries); `tpot_guard` None: the model's option. The guard uses
-    the latency model's step estimate, where the live loop learns one from its steps."""
+                   devices: int = 1, **overrides: int) -> SimulationReport:
+    """One simulated device (of `devices`: its share of the queue limits) under `requests` arrivals
+    at `rate_per_s`; `overrides`: max_batch, max_prefill_tokens (what `tune` tries); `tpot_guard`
+    None: the model's option. The guard uses the latency model's step estimate, where the live
+    loop learns one from its steps."""
     kw = dict(max_batch=device.max_batch, max_prefill_tokens=device.max_prefill_tokens)
     kw.update(overrides)
     return simulate_generation(workload(cfg, scenario, rate_per_s, requests, seed), channel_targets(cfg, scenario),
                                mode=mode or device.mode, kv_budget_tokens=device.kv_budget_tokens,
                                latency=device.latency,
-                               tpot_guard=device.tpot_guard if tpot_guard is None else tpot_guard, **kw)
+                               tpot_guard=device.tpot_guard if tpot_guard is None else tpot_guard,
+                               queue_limits=queue_limits(cfg, devices), **kw)
 
 
 def per_channel(report: SimulationReport) -> dict[str, dict[str, Any]]:
-    """Per channel: requests, met targets, their share, and p50/p99 TTFT and mean TPOT (ms)."""
+    """Per channel: requests, met targets, their share, those refused overloaded, and p50/p99 TTFT
+    and mean TPOT (ms)."""
     out: dict[str, dict[str, Any]] = {}
     for name in sorted({f.channel for f in report.finished}):
         done = [f for f in report.finished if f.channel == name]
@@ -145,6 +158,7 @@ def per_channel(report: SimulationReport) -> dict[str, dict[str, Any]]:
         tpots = [f.tpot_ms for f in done if f.tpot_ms is not None]
         met = sum(1 for f in done if report.met(f))
         out[name] = {"requests": len(done), "met": met, "met_fraction": round(met / len(done), 4),
+                     "overloaded": sum(1 for f in done if f.reason == OVERLOADED),
                      "ttft_p50_ms": round(_pick(ttfts, 0.50), 1), "ttft_p99_ms": round(_pick(ttfts, 0.99), 1),
                      "tpot_mean_ms": round(sum(tpots) / len(tpots), 2) if tpots else 0.0}
     return out
@@ -163,10 +177,12 @@ def trial(cfg: Any, device: GenerativeDevice, devices: int, rate_per_s: float, d
     """`devices` devices sharing `rate_per_s` evenly: one device simulated at rate / devices."""
     each = rate_per_s / devices
     report = run_generative(cfg, device, scenario=scenario, mode=mode, rate_per_s=each,
-                            requests=max(1, round(each * duration_s)), seed=seed)
+                            requests=max(1, round(each * duration_s)), seed=seed, devices=devices)
     return {"devices": devices, "met_fraction": round(met_fraction(report), 4),
             "goodput_tokens_per_s": round(report.goodput_tokens_per_s * devices, 1),
-            "preemptions": report.preemptions, "channels": per_channel(report)}
+            "preemptions": report.preemptions, "overloaded": report.overloaded,
+            "overloaded_fraction": round(report.overloaded / len(report.finished), 4) if report.finished else 0.0,
+            "channels": per_channel(report)}
 
 
 def decode_bound(cfg: Any, device: GenerativeDevice, rate_per_s: float, scenario: str, seed: int) -> int:

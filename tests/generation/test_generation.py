@@ -172,6 +172,19 @@ def test_static_mode_admits_no_joins_and_holds_the_batch_to_its_longest_member()
     assert plans[0].prefill == ("late",)
 
 
+def test_a_static_batch_whose_last_live_member_expires_is_freed():
+    """Its ended members held the batch for good: no waiting request was admitted again."""
+    sched = scheduler(10_000, mode="static")
+    sched.submit(GenRequest("short", "bulk", 5, 1), 0.0)
+    sched.submit(GenRequest("long", "bulk", 5, 100, deadline_ms=35.0), 0.0)
+    now, _, ends = run_steps(sched, 0.0, 2)
+    assert [e.id for e in ends] == ["short"]
+    sched.submit(GenRequest("next", "bulk", 5, 1), now)
+    now, plans, ends = run_steps(sched, now, 3)   # (long expires at the third: 40 ms past its 35)
+    assert ("next", "length") in [(e.id, e.reason) for e in ends], ends
+    assert sched.idle and sched.ledger.in_use_bytes == 0
+
+
 def test_simulated_continuous_is_at_least_twice_static_within_targets():
     channels = {"standard": ChannelTargets("standard", ttft_ms=2000, tpot_ms=100)}
     reqs = mixed_workload(200, rate_per_s=8, seed=3)
