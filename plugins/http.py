@@ -91,7 +91,8 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
         closed (`_listen_tls` counts a TLS one)."""
         if not self._admit():
             error = HttpError(P.OVERLOADED, f"the HTTP door has max_connections ({self.settings.max_connections}) open")
-            writer.write(self._reply_bytes(h11.Connection(h11.SERVER), *self._error(error, False), close=True))
+            if not writer.transport.is_closing():   # (uvloop raises on writing to a closed one)
+                writer.write(self._reply_bytes(h11.Connection(h11.SERVER), *self._error(error, False), close=True))
             await self._close(writer, not writer.transport.get_write_buffer_size())
             return
         self._connections[asyncio.current_task()] = False
@@ -115,7 +116,7 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
                     await self._stream(conn, reader, writer, reply[1], reply[2])
                     break
                 close = self._closing or conn.their_state is not h11.DONE
-                writer.write(self._reply_bytes(conn, *reply, close=close))
+                self._write(writer, self._reply_bytes(conn, *reply, close=close))
                 async with asyncio.timeout(self.settings.body_timeout_s):
                     await writer.drain()
                 if conn.their_state in (h11.IDLE, h11.SEND_BODY, h11.ERROR):   # answered before the end
@@ -136,6 +137,7 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
         finally:
             await self._close(writer, delivered)
             self._connections.pop(task, None)
+            self._forget_failure(reader)
 
     def _note(self, kind: str, message: str, *args: Any, level: int = logging.INFO, **kwargs: Any) -> None:
         """A line about one client or request, within its `kind`'s `LineBudget`: a flood of bad
@@ -280,7 +282,7 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
             raise HttpError(P.BAD_REQUEST, f"the body exceeds max_request_bytes ({limit})", 413)
         held = self._hold_body_bytes(0, declared)   # before the 100 Continue: a client told to wait sends nothing
         if conn.they_are_waiting_for_100_continue:
-            writer.write(conn.send(h11.InformationalResponse(status_code=100, headers=[])))
+            self._write(writer, conn.send(h11.InformationalResponse(status_code=100, headers=[])))
         chunks, size = [], 0
         try:
             async with asyncio.timeout(timeout):
@@ -295,7 +297,7 @@ class HttpDoor(HttpEndpoints, HttpGenerate, HttpStreaming, HttpConnections):
                        headers[":request-id"], timeout, extra=request_fields(headers[":request-id"]))
             raise HttpError(P.BAD_REQUEST, f"the body did not arrive in {timeout:g}s", 408)
         except h11.RemoteProtocolError:
-            if reader.at_eof():
+            if reader.at_eof() or reader.exception() is not None:   # closed, or reset
                 raise ClientGone(f"{size} bytes of its body sent")
             self._note("400", "HTTP client %s sent a malformed body for request %s: answered 400", peer,
                        headers[":request-id"], extra=request_fields(headers[":request-id"]))

@@ -23,6 +23,7 @@ ACCEPT_PAUSE_S = 1.0   # after an accept failed (out of descriptors): as asyncio
 class HttpStreaming:
     settings: Any
     _in_progress: int
+    _write: Any   # HttpConnections._write
 
     async def _stream(self, conn: h11.Connection, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       events: EventStream, headers: list) -> None:
@@ -37,13 +38,13 @@ class HttpStreaming:
             data = await self._next_event(events, gone)
             head = [("content-type", "text/event-stream"), ("cache-control", "no-cache"), *headers,
                     ("connection", "close")]
-            writer.write(conn.send(h11.Response(status_code=200, headers=head, reason=reason(200))))
+            self._write(writer, conn.send(h11.Response(status_code=200, headers=head, reason=reason(200))))
             while data is not None:
-                writer.write(conn.send(h11.Data(data=data)))
+                self._write(writer, conn.send(h11.Data(data=data)))
                 async with asyncio.timeout(self.settings.body_timeout_s):
                     await writer.drain()
                 if (data := await self._next_event(events, gone)) is None:
-                    writer.write(conn.send(h11.EndOfMessage()))
+                    self._write(writer, conn.send(h11.EndOfMessage()))
             async with asyncio.timeout(self.settings.body_timeout_s):
                 await writer.drain()
         except ClientGone as exc:
@@ -119,6 +120,22 @@ class HttpConnections:
     _connections: dict
     _refusing: bool
     _connection: Any   # HttpDoor._connection: a counted connection's requests
+
+    @staticmethod
+    def _write(writer: asyncio.StreamWriter, data: bytes) -> None:
+        """Write, unless the client is gone: uvloop raises RuntimeError on a closed transport, so a
+        client's reset was logged as a failure of the door (ERROR); it is a hang-up (ClientGone)."""
+        if writer.transport.is_closing():
+            raise ClientGone("before its answer was sent")
+        writer.write(data)
+
+    @staticmethod
+    def _forget_failure(reader: asyncio.StreamReader) -> None:
+        """Drop the traceback of the error a connection ended on, as its reader keeps it: each read or
+        drain that raised it added frames that hold the reader, a cycle that kept its buffers, h11
+        state and, over TLS, the SSL objects until a full collection (rare in the daemon)."""
+        if (failure := reader.exception()) is not None:
+            failure.__traceback__ = None
 
     def _admit(self) -> bool:
         """Whether one more connection fits max_connections (the caller then counts it). The first
