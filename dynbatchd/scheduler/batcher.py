@@ -249,7 +249,8 @@ class Scheduler:
             for lane in channel.lanes.values():
                 if lane.warmup and (busy_ns > 0 or self._live_work_queued()):
                     continue   # optional work runs only on an idle device with no live request waiting
-                if channel.ready_at(lane, now_ns, free_slots, self.draining, busy_ns) <= now_ns:
+                if channel.ready_at(lane, now_ns, free_slots, self.draining, busy_ns) <= now_ns \
+                        and self._held_until(channel, lane, now_ns, busy_ns) <= now_ns:
                     ready.append((channel, lane, starved))
         if not ready:
             return None
@@ -293,6 +294,27 @@ class Scheduler:
                     best, best_latest = (other, waiting), latest
         return best
 
+    def _held_until(self, channel: Channel, lane: Lane, now_ns: int, busy_ns: int) -> int:
+        """When `lane`'s first request may start, where alone it runs longer than a busy channel
+        of higher priority can wait: a request arriving there early in its run would miss its
+        deadline behind it, and a device cannot be preempted. Now, unless that channel's arrivals
+        come in steps and a later start, within the request's slack, is surely less likely to
+        meet one (`ArrivalGaps.safer_start`). Where they come at random, no moment is safer."""
+        if lane.warmup or not lane.heap or not channel.cost.samples:
+            return now_ns
+        mine, until, run = channel.settings.priority, now_ns, 0
+        for other in self.channels.values():
+            if other.settings.priority <= mine or other.quiet(now_ns) or not other.cost.samples:
+                continue
+            run = run or channel.cost.estimate_ns(1, lane.heap[0][2].tokens)
+            waits = int(other.settings.deadline_ms * 1_000_000) - other.end_slip_ns \
+                - other.cost.estimate_ns(1, int(other.median_tokens.value))   # what its usual request can wait
+            if run > waits:
+                latest = lane.head_deadline() - run - channel.end_slip_ns - 2 * self._longest_batch_ns(channel, now_ns)
+                start = other.arrival_gaps.safer_start(now_ns + busy_ns, run - waits, latest)
+                until = max(until, start - busy_ns)
+        return until
+
     def next_wakeup(self, now_ns: int, free_slots: int, device_busy_ns: int = 0) -> int | None:
         """The earliest future time a poll could change something: a window end, an urgency or an expiry.
 
@@ -309,7 +331,8 @@ class Scheduler:
                     continue
                 at = channel.ready_at(lane, now_ns, free_slots, self.draining, device_busy_ns) if free_slots else NEVER
                 if at <= now_ns:
-                    at = NEVER
+                    held = self._held_until(channel, lane, now_ns, device_busy_ns) if free_slots else now_ns
+                    at = held if held > now_ns else NEVER
                 if not channel.settings.run_late:
                     at = min(at, channel.expires_at(lane, now_ns))
                 soonest = min(soonest, at)

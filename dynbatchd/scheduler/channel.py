@@ -17,6 +17,7 @@ import math
 from collections import deque
 from typing import Any, Hashable
 
+from dynbatchd.scheduler.arrivalgaps import ArrivalGaps
 from dynbatchd.scheduler.longshare import LongShare
 from dynbatchd.scheduler.cost import CostModel
 from dynbatchd.scheduler.policies import MS, BatchSizer, LaneState, WindowPolicy
@@ -48,6 +49,7 @@ class Channel(Admission, Planning):
         self._drain_read = 0.0                       # the drain rate then (admission asks per request)
         self._arrivals = 0.0            # accepted requests per ns, decayed over ARRIVAL_TAU_NS
         self._arrivals_at = 0
+        self.arrival_gaps = ArrivalGaps()   # when its next request is likely (`Scheduler._held_until`)
         self.mean_tokens = 0.0          # of accepted requests, exponentially weighted
         self._load = 0.0                # `arrival_load`, as of _load_at
         self._load_at = 0
