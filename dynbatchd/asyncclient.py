@@ -4,6 +4,11 @@ caller's asyncio loop. The blocking `Client` (`dynbatchd.client`) runs one on a 
 A generative model's request can be streamed (`AsyncClient.stream`): its `Chunk` frames (no `ok`
 key, dynbatchd-protocol(7)) go to that request's queue as the reader meets them, then its final
 reply, so the caller sees text as it is generated and the final answer last.
+
+What a daemon sends cannot pile up in the client (a broken or hostile peer included): a stream's
+unread chunks are bounded by `stream_buffer_bytes` (past it the stream ends in `StreamOverflow`), and
+a frame for an id nothing waits on is counted in `statistics()` and dropped. One frame's size is the
+daemon's to bound (ZeroMQ's MAXMSGSIZE would end the connection for good, not the frame).
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ import zmq
 import zmq.asyncio
 
 from dynbatchd import protocol as P
-from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, BadReply, BadRequest, ClientClosed, CurveKeys,
-                                  DynbatchdError, Result, Timeout, build_request, parse_reply, raise_for,
+from dynbatchd.clientwire import (CHUNK_OVERHEAD, CLIENT_TIMEOUT, DEFAULT_STREAM_BUFFER_BYTES, DEFAULT_TIMEOUT_S, BadReply, BadRequest, ClientClosed, CurveKeys, DynbatchdError,
+                                  Result, StreamOverflow, Timeout, build_request, byte_limit, parse_reply, raise_for,
                                   tag_tuple, timeout_seconds)
 
 # Reads a reply the typed decoder refused, to find the request it names (any failure: the frame is ignored).
@@ -26,6 +31,15 @@ _loose_decoder = msgspec.msgpack.Decoder()
 
 # How long closing the socket may wait to deliver a cancel just sent (a stream left, Ctrl-C).
 CANCEL_LINGER_MS = 100
+
+
+class _Stream:
+    """A streamed request's frames not yet read, and the bytes its chunks hold (against `stream_buffer_bytes`)."""
+    __slots__ = ("queue", "held")
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.held = 0
 
 
 class AsyncClient:
@@ -38,17 +52,23 @@ class AsyncClient:
     still in flight with `ClientClosed`: no call is left waiting on a daemon
     that went away. `curve`: this client's keys and the daemon's public key
     (`CurveKeys`), for a daemon with CURVE on (used on tcp:// only).
+    `stream_buffer_bytes` (default 16 MiB): the most a stream's unread chunks hold, each its frame's
+    bytes plus 128.
     """
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, timeout: float | None = DEFAULT_TIMEOUT_S,
-                 context: zmq.asyncio.Context | None = None, curve: CurveKeys | None = None):
+                 context: zmq.asyncio.Context | None = None, curve: CurveKeys | None = None,
+                 stream_buffer_bytes: int = DEFAULT_STREAM_BUFFER_BYTES):
         self.endpoint = endpoint
         self.timeout = timeout_seconds(timeout)
+        self.stream_buffer_bytes = byte_limit("stream_buffer_bytes", stream_buffer_bytes)
         self._ctx = context or zmq.asyncio.Context.instance()
         self._sock = self._connect(endpoint, curve)
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future] = {}
-        self._streams: dict[int, asyncio.Queue] = {}   # a streamed request's chunks, then its final frames
+        self._streams: dict[int, _Stream] = {}   # a streamed request's chunks, then its final frames
+        self.dropped = 0      # frames for no request in flight (never sent, finished, or not readable)
+        self.overflowed = 0   # streams ended by StreamOverflow
         self._reader: asyncio.Task | None = None
         self.closed = False
         self._linger_ms = 0   # 100 once a cancel was sent: closing right after it must not drop it
@@ -77,6 +97,12 @@ class AsyncClient:
             return
         self._reader = asyncio.ensure_future(self._read_replies())
 
+    def statistics(self) -> dict[str, int]:
+        """What the client holds now, and what it refused to hold since it started."""
+        return {"pending": len(self._pending), "streams": len(self._streams),
+                "stream_bytes": sum(s.held for s in self._streams.values()), "dropped_frames": self.dropped,
+                "overflowed_streams": self.overflowed}
+
     async def __aenter__(self) -> "AsyncClient":
         return self
 
@@ -102,8 +128,8 @@ class AsyncClient:
                 fut.set_exception(error())
                 fut.exception()   # retrieved: a request whose send never finished does not await it
         streams, self._streams = self._streams, {}
-        for queue in streams.values():
-            queue.put_nowait(error())
+        for stream in streams.values():
+            stream.queue.put_nowait(error())
 
     async def _read_replies(self) -> None:
         try:
@@ -114,12 +140,14 @@ class AsyncClient:
                 except Exception as exc:   # no `ok`: a chunk of a streamed request (or a frame to ignore)
                     self._chunk(frames[0], exc)
                     continue
-                if (queue := self._streams.pop(reply.id, None)) is not None:
-                    queue.put_nowait(frames)
+                if (stream := self._streams.pop(reply.id, None)) is not None:
+                    stream.queue.put_nowait(frames)
                     continue
                 fut = self._pending.pop(reply.id, None)
                 if fut is not None and not fut.done():
                     fut.set_result(frames)
+                else:
+                    self.dropped += 1
         except asyncio.CancelledError:
             raise
         except Exception as exc:   # the socket failed under us: nobody may keep waiting for it
@@ -132,8 +160,20 @@ class AsyncClient:
         except Exception:
             self._unreadable(frame, not_a_reply)
             return
-        if (queue := self._streams.get(chunk.id)) is not None:
-            queue.put_nowait(chunk)
+        if (stream := self._streams.get(chunk.id)) is None:
+            self.dropped += 1   # a chunk for no stream in flight: counted, never held
+            return
+        cost = len(frame) + CHUNK_OVERHEAD
+        if stream.held + cost > self.stream_buffer_bytes:
+            del self._streams[chunk.id]   # later frames for it are dropped
+            self.overflowed += 1
+            stream.queue.put_nowait(StreamOverflow(
+                f"stream {chunk.id!r} from {self.endpoint}: over {self.stream_buffer_bytes:,} bytes of chunks unread "
+                "(stream_buffer_bytes); the stream is ended and the daemon told to stop"))
+            self._cancel(chunk.id)
+            return
+        stream.held += cost
+        stream.queue.put_nowait((cost, chunk))
 
     def _unreadable(self, frame: bytes, why: Exception) -> None:
         """A final reply (it has `ok`) this client cannot read fails the request it names at once
@@ -144,12 +184,13 @@ class AsyncClient:
             return
         req_id = header.get("id") if isinstance(header, dict) and "ok" in header else None
         if not isinstance(req_id, (int, str)) or isinstance(req_id, bool):
+            self.dropped += 1
             return
         exc = BadReply(f"unreadable reply from {self.endpoint} to request {req_id!r}: {why}")
         if (fut := self._pending.pop(req_id, None)) is not None and not fut.done():
             fut.set_exception(exc)
-        if (queue := self._streams.pop(req_id, None)) is not None:
-            queue.put_nowait(exc)
+        if (stream := self._streams.pop(req_id, None)) is not None:
+            stream.queue.put_nowait(exc)
 
     async def infer_result(self, model: str, inputs: Any, *, tags: Iterable[str] = (), request_type: str | None = None,
                            user_frequency: str | None = None, tokens: int | None = None, priority: int | None = None,
@@ -234,8 +275,7 @@ class AsyncClient:
             tokens=tokens, priority=priority, deadline_ms=deadline_ms, tenant=tenant, user=user, stream=True,
             generate=generate)
         self._ensure_reader()
-        queue: asyncio.Queue = asyncio.Queue()
-        self._streams[req_id] = queue
+        stream = self._streams[req_id] = _Stream()
         done = False
         try:
             try:
@@ -245,14 +285,15 @@ class AsyncClient:
                        DynbatchdError(f"cannot send to {self.endpoint}: {exc}", "closed")) from None
             while True:
                 try:
-                    item = await asyncio.wait_for(queue.get(), limit)
+                    item = await asyncio.wait_for(stream.queue.get(), limit)
                 except asyncio.TimeoutError:
                     raise Timeout(f"nothing more of the stream from {self.endpoint} within {limit:g} s") from None
                 if isinstance(item, BaseException):
                     done = True
                     raise item
-                if isinstance(item, P.Chunk):
-                    yield item
+                if isinstance(item, tuple):   # (its cost, a chunk)
+                    stream.held -= item[0]
+                    yield item[1]
                     continue
                 done = True
                 reply, output = parse_reply(item)

@@ -33,15 +33,18 @@ from typing import Any, Iterator
 import zmq.asyncio
 
 from dynbatchd.asyncclient import AsyncClient
-from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_TIMEOUT_S, ERRORS, BadReply, BadRequest,  # noqa: F401
+from dynbatchd.clientwire import (CLIENT_TIMEOUT, DEFAULT_STREAM_BUFFER_BYTES, DEFAULT_TIMEOUT_S,  # noqa: F401
+                                  ERRORS, BadReply, BadRequest,
                                   Cancelled, ClientClosed, CurveKeys, DeadlineExceeded, DynbatchdError, ModelError,
-                                  NotRunning, Overloaded, QuotaExceeded, Refused, Result, ShuttingDown, Timeout,
-                                  Unavailable, UnknownModel, build_request, check_running, not_listening,
-                                  parse_reply, raise_for, timeout_seconds)
+                                  NotRunning, Overloaded, QuotaExceeded, Refused, Result, ShuttingDown,
+                                  StreamOverflow, Timeout, Unavailable, UnknownModel, build_request, check_running,
+                                  not_listening, parse_reply, raise_for, timeout_seconds)
 from dynbatchd.controlcall import control_call  # noqa: F401  (public API)
 from dynbatchd.protocol import Chunk
 
 _END = object()
+# Items a stream hands to the caller's thread ahead of it; the rest wait in the stream's own bounded buffer.
+HANDOFF = 64
 
 
 class Client:
@@ -52,11 +55,11 @@ class Client:
     no limit). Past it the request raises `Timeout` (a `TimeoutError`).
     `close()` resolves every Future still pending with `ClientClosed`, and a
     `submit` after close returns a Future already failed that way. `curve`: as
-    for `AsyncClient`.
+    for `AsyncClient`, and so is `stream_buffer_bytes`.
     """
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5555", *, timeout: float | None = DEFAULT_TIMEOUT_S,
-                 curve: CurveKeys | None = None):
+                 curve: CurveKeys | None = None, stream_buffer_bytes: int = DEFAULT_STREAM_BUFFER_BYTES):
         self.endpoint = endpoint
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="dynbatchd-client", daemon=True)
@@ -65,15 +68,16 @@ class Client:
         self._lock = threading.Lock()
         self._closed = False
         try:
-            self._async = self._call(self._make(endpoint, timeout, curve))
+            options = dict(timeout=timeout, curve=curve, stream_buffer_bytes=stream_buffer_bytes)
+            self._async = self._call(self._make(endpoint, options))
         except BaseException:   # a bad endpoint, key or timeout: no thread or loop left running behind
             self._stop_loop()
             raise
 
-    async def _make(self, endpoint: str, timeout: float | None, curve: CurveKeys | None) -> AsyncClient:
+    async def _make(self, endpoint: str, options: dict[str, Any]) -> AsyncClient:
         context = zmq.asyncio.Context()
         try:
-            return AsyncClient(endpoint, timeout=timeout, context=context, curve=curve)
+            return AsyncClient(endpoint, context=context, **options)
         except BaseException:
             context.destroy(linger=0)
             raise
@@ -149,10 +153,12 @@ class Client:
         self._refuse_on_own_thread("stream")
         items: queue.SimpleQueue = queue.SimpleQueue()
         ended = threading.Event()
+        room = asyncio.Semaphore(HANDOFF)   # a slow caller leaves chunks in the stream's buffer, which is bounded
 
         async def pump() -> None:
             try:
                 async for item in self._async.stream(model, text, **kwargs):
+                    await room.acquire()
                     items.put(item)
             except BaseException as exc:   # (a cancel from the caller leaving included: nobody reads it then)
                 items.put(exc)
@@ -168,6 +174,10 @@ class Client:
             while (item := items.get()) is not _END:
                 if isinstance(item, BaseException):
                     raise item
+                try:
+                    self._loop.call_soon_threadsafe(room.release)
+                except RuntimeError:   # the loop is closed (the client too): nothing is pumping any more
+                    pass
                 yield item
         finally:
             if not ended.is_set():

@@ -143,6 +143,25 @@ class ClientClosed(DynbatchdError):
     code = "closed"
 
 
+# What one client holds of a streamed request's chunks not yet read (each counted as its frame's bytes plus
+# CHUNK_OVERHEAD for its objects, so a flood of empty chunks is bounded too).
+DEFAULT_STREAM_BUFFER_BYTES = 16 << 20
+CHUNK_OVERHEAD = 128
+
+
+class StreamOverflow(DynbatchdError):
+    """A stream's unread chunks passed the client's `stream_buffer_bytes`: the consumer fell that far behind,
+    or the daemon (or something posing as one) floods it. The stream ends here and the daemon is told to stop."""
+    code = "stream_overflow"
+
+
+def byte_limit(name: str, value: Any) -> int:
+    """`value` as a limit in bytes, a whole number of at least 1; else `BadRequest` naming `name`."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise BadRequest(f"{name} must be a whole number of bytes, at least 1, not {value!r}")
+    return int(value)
+
+
 class BadReply(DynbatchdError):
     """The answer to a request could not be read (a tensor without its frame, a field of the wrong
     type): a daemon of another protocol version, or not a dynbatchd at all, is at the endpoint."""

@@ -168,7 +168,7 @@ def bench(ctx: typer.Context,
         matrix = B.matrix(channel, model, max_batch=_numbers(max_batch, int, "--max-batch") or shape["max_batch"],
                           window_ms=_numbers(window_ms, float, "--window-ms") or shape["window_ms"],
                           concurrency=loads, rates=rate_list, mix=mix, trace=str(trace) if trace else None)
-        B.token_sampler(mix, str(trace) if trace else None, seed)   # a bad mix or trace is one line, now
+        B.token_sampler(mix, str(trace) if trace else None, seed, limits.MOST_REQUESTS)   # a bad mix or trace: one line, now
         for cell in matrix:
             cfgmod.check_channel_values(channel, {"max_batch": cell.max_batch, "window_ms": cell.window_ms})
     except cfgmod.ConfigError as exc:

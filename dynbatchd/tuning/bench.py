@@ -86,11 +86,12 @@ def parse_mix(text: str) -> tuple[float, float, float]:
     return weights  # type: ignore[return-value]
 
 
-def token_sampler(mix: str | None, trace: str | None, seed: int) -> Callable[[], int]:
-    """Request sizes: from a real trace's, in time order (cycled), else drawn from the mix."""
+def token_sampler(mix: str | None, trace: str | None, seed: int, most: int | None = None) -> Callable[[], int]:
+    """Request sizes: from a real trace's, in time order (cycled), else drawn from the mix. `most`:
+    the trace's rows read at most (one past: refused, as simulate reads one)."""
     rng = random.Random(seed)
     if trace is not None:
-        sizes = [tokens for _, tokens in read_trace_csv(trace)]
+        sizes = [tokens for _, tokens in read_trace_csv(trace, most=most)]
         if not sizes:
             raise ValueError(f"--trace {trace}: no requests in it")
         cycle = itertools.cycle(sizes)

@@ -103,12 +103,3 @@ def test_a_good_trace_still_gives_valid_json(tmp_path):
     result = CliRunner().invoke(app, ["simulate", "-c", SHIPPED, "--trace", path, "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout)["requests"] == 3
-
-
-def test_capacity_refuses_a_trace_whose_burst_puts_too_many_requests_in_a_trial(tmp_path, monkeypatch):
-    """The trace's mean rate is scaled to the peak rate, so a burst at its start lands whole in a trial."""
-    monkeypatch.setattr(limits, "MOST_REQUESTS", 3)
-    monkeypatch.setattr("dynbatchd.capacity.size", lambda *a, **k: pytest.fail("a trial started"))
-    path = trace(tmp_path, BURST + "0,10\n" * 5 + "1000,10\n")
-    line = refused("capacity", "-c", SHIPPED, "--trace", path, "--requests-per-day", "1000", "--json")
-    assert path in line and "5 requests fall in the first 20 s" in line and "at most 3" in line
