@@ -1,4 +1,4 @@
-"""What a hostile "daemon" can make the client library hold: a ROUTER socket on a thread (`Hostile`)
+"""What a hostile "daemon" can make the client library hold: a ROUTER socket on a thread (`fakedaemon.Fake`)
 answers each request with the frames a test scripts. A flood of chunks ends its stream in
 `StreamOverflow` at `stream_buffer_bytes`, and frames for ids never sent are counted and dropped.
 Every wait is bounded: a regression fails, it does not hang."""
@@ -6,75 +6,29 @@ Every wait is bounded: a regression fails, it does not hang."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from typing import Any, Callable
 
-import msgspec
 import pytest
-import zmq
 
 from dynbatchd.asyncclient import AsyncClient
-from dynbatchd.client import HANDOFF, BadRequest, Chunk, Client, DynbatchdError, StreamOverflow, Timeout
+from dynbatchd.client import HANDOFF, BadRequest, Chunk, Client, StreamOverflow
 from dynbatchd.clientwire import CHUNK_OVERHEAD
 
+from fakedaemon import fake_daemons, frame, ok
 from helpers import wait_until
 
 BOUND_S = 20
 CAP = 8192   # stream_buffer_bytes in these tests
 
 
-def encode(header: dict) -> bytes:
-    return msgspec.msgpack.encode(header)
-
-
 def chunk(req_id: Any, n: int) -> list[bytes]:
-    return [encode({"id": req_id, "chunk": n, "text": "x" * 100, "tokens": 1})]
-
-
-def ok(req_id: Any, value: Any) -> list[bytes]:
-    return [encode({"id": req_id, "ok": True, "value": value})]
-
-
-class Hostile:
-    """A ROUTER on a thread: `respond(request header)` gives the messages to send back; each header is kept."""
-
-    def __init__(self, endpoint: str, respond: Callable[[dict], list[list[bytes]]]):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.bind(endpoint)
-        self.endpoint, self.respond, self.seen = endpoint, respond, []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def serve(self) -> None:
-        while not self.stop.is_set():
-            if self.sock.poll(20):
-                who, raw, *_ = self.sock.recv_multipart()
-                header = msgspec.msgpack.decode(raw)
-                self.seen.append(header)
-                for message in self.respond(header):
-                    self.sock.send_multipart([who, *message])
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close(0)
-        self.ctx.term()
+    return [frame({"id": req_id, "chunk": n, "text": "x" * 100, "tokens": 1})]
 
 
 @pytest.fixture
 def hostile(tmp_path):
-    started: list[Hostile] = []
-
-    def start(respond: Callable[[dict], list[list[bytes]]]) -> Hostile:
-        started.append(Hostile(f"ipc://{tmp_path}/hostile{len(started)}.sock", respond))
-        return started[-1]
-
-    yield start
-    for server in started:
-        server.close()
+    """`hostile(respond)` starts a stand-in daemon (`fakedaemon.Fake`); all are closed after the test."""
+    yield from fake_daemons(tmp_path)
 
 
 def flood(bursts: int, per_burst: int) -> Callable[[dict], list[list[bytes]]]:

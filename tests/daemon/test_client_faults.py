@@ -15,9 +15,7 @@ import gc
 import os
 import threading
 from concurrent.futures import CancelledError, wait
-from typing import Any, Callable
 
-import msgspec
 import pytest
 import zmq
 
@@ -27,66 +25,15 @@ from dynbatchd.client import (BadReply, BadRequest, Client, ClientClosed, CurveK
 from dynbatchd.protocol import Chunk
 
 from conftest import SIMULATED, start_daemon
+from fakedaemon import fake_daemons, frame, ok
 from helpers import wait_until
 
 BOUND_S = 20   # every wait in this file: a regression fails here instead of hanging
 
-Respond = Callable[[dict], list[list[bytes]]]
-
-
-def frame(header: dict) -> bytes:
-    return msgspec.msgpack.encode(header)
-
-
-def ok(req_id: Any, value: Any) -> list[bytes]:
-    return [frame({"id": req_id, "ok": True, "value": value})]
-
-
-class Fake:
-    """A stand-in daemon: a ROUTER socket on a thread; `respond(request header)` gives the messages
-    (lists of frames, after the envelope) to send back. Every request header is kept in `seen`."""
-
-    def __init__(self, endpoint: str, respond: Respond):
-        self.ctx = zmq.Context()
-        self.sock = self.ctx.socket(zmq.ROUTER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.endpoint = endpoint
-        self.sock.bind(self.endpoint)
-        self.respond = respond
-        self.seen: list[dict] = []
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.serve, daemon=True)
-        self.thread.start()
-
-    def serve(self) -> None:
-        while not self.stop.is_set():
-            if not self.sock.poll(20):
-                continue
-            who, raw, *_ = self.sock.recv_multipart()
-            header = msgspec.msgpack.decode(raw)
-            self.seen.append(header)
-            for message in self.respond(header):
-                self.sock.send_multipart([who, *message])
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(5)
-        self.sock.close(0)
-        self.ctx.term()
-
-
 @pytest.fixture
 def fake(tmp_path):
     """`fake(respond)` starts a Fake; all are closed after the test."""
-    started: list[Fake] = []
-
-    def start(respond: Respond) -> Fake:
-        started.append(Fake(f"ipc://{tmp_path}/fake{len(started)}.sock", respond))
-        return started[-1]
-
-    yield start
-    for f in started:
-        f.close()
+    yield from fake_daemons(tmp_path)
 
 
 def echo(header: dict) -> list[list[bytes]]:
