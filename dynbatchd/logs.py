@@ -143,8 +143,15 @@ class WithheldStream(io.TextIOBase):
         self._noted_at: float | None = None
         self._noting = False        # (a failing log handler reports to stderr: not back into the note)
 
+    encoding, errors = "utf-8", "strict"   # (some libraries read them off sys.stderr)
+
     def writable(self) -> bool:
         return True
+
+    def fileno(self) -> int:
+        """The real descriptor (2): what writes there directly (faulthandler's crash dump, native
+        code) is not Python's text, and reaches the log as before."""
+        return 2
 
     def write(self, text: str) -> int:
         self.withheld += len(text)

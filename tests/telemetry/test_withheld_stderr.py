@@ -63,3 +63,11 @@ def test_in_a_process_its_own_log_lines_uncaught_exceptions_and_warnings_still_r
     assert "own line" in err and "a library warning" in err, err
     assert "uncaught ZeroDivisionError in thread side" in err and "uncaught ValueError" in err, err
     assert err.count("Traceback") == 2, err
+
+
+def test_it_answers_what_libraries_ask_of_sys_stderr():
+    """faulthandler, tqdm and the like ask sys.stderr for its descriptor and encoding."""
+    stream = WithheldStream(lambda count: None, FakeClock())
+    assert stream.fileno() == 2 and stream.encoding == "utf-8" and not stream.isatty()
+    stream.flush()
+    assert stream.withheld == 0
