@@ -9,6 +9,8 @@
                                                 # another trace; what long_share trades
     python -m benchmarks.bursty --trace conversation_trace.jsonl --speedups 4,8,12
                                                 # the Mooncake trace (any format read_trace_csv reads)
+    python -m benchmarks.bursty --trace conversation_trace.jsonl --speedups 12 --live-shipped 12
+                                                # the shipped channels, 10% urgent, live against simulated
 
 One channel, max_batch 32, deadline 1,000 ms, the device 8 ms + 0.5 ms/item +
 0.002 ms/token, every request at its own size. dynbatchd's engine (windows
@@ -63,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     add_replay_options(ap)
     ap.add_argument("--live", action="store_true", help="also replay x40 and x60 through the live daemon")
     ap.add_argument("--live-speedups", default="40,60", help="speed-ups for --live (default 40,60)")
+    ap.add_argument("--live-shipped", default="",
+                    help="also the shipped channels with 10%% urgent traffic through the live daemon at these "
+                         "speed-ups (comma-separated): each channel's on-time share, live against simulated")
     ap.add_argument("--perturb", action="store_true",
                     help="also replay each speed-up with the trace's clock scaled by 1 +- k/10,000 (about 4 min)")
     ap.add_argument("--bursts", action="store_true",
@@ -109,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
         perturbed(rows, speedups, plugins)
     if args.live:
         compare_live(rows, [float(s) for s in args.live_speedups.split(",")], plugins)
+    if args.live_shipped:
+        from benchmarks.shippedlive import compare_live_shipped
+        compare_live_shipped(rows, [float(s) for s in args.live_shipped.split(",")], plugins, DEVICE)
     return 0
 
 
@@ -147,11 +155,18 @@ def long_share_trade(rows: list[tuple[float, int]], speedups: list[float], share
                   f"{long / fifo_long:.2f} |", flush=True)
 
 
+def shipped_arrivals(rows: list[tuple[float, int]], speedup: float, urgent: float) -> list[Arrival]:
+    """The trace sped up, each request tagged `urgent` (routed to realtime) with that chance, seeded."""
+    import random
+
+    rng = random.Random(7)
+    return [Arrival(int(t / speedup * 1e9), tokens, tags=("urgent",) if rng.random() < urgent else ())
+            for t, tokens in rows]
+
+
 def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugins: Plugins) -> None:
     """The shipped three-channel config (etc/dynbatchd.toml) beside its one-channel equivalent (its
     standard channel alone), with no urgent traffic; then with every tenth request urgent."""
-    import random
-
     from dynbatchd import config
 
     shipped = config.load(str(Path(__file__).resolve().parent.parent / "etc/dynbatchd.toml"))
@@ -162,9 +177,7 @@ def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugin
     print("|---|---|---|---|---|---|---|")
     for speedup in speedups:
         for urgent in (0.0, 0.1):
-            rng = random.Random(7)
-            arrivals = [Arrival(int(t / speedup * 1e9), tokens, tags=("urgent",) if rng.random() < urgent else ())
-                        for t, tokens in rows]
+            arrivals = shipped_arrivals(rows, speedup, urgent)
             run = dict(device=DEVICE, inflight=shipped.devices.inflight, queue_lead_ms=shipped.devices.queue_lead_ms,
                        window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(), plugins=plugins)
             three = simulate(shipped.channels, arrivals, routing=config.table_of(shipped, "routing"), **run)

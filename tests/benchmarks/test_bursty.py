@@ -50,3 +50,29 @@ def test_it_replays_another_trace_and_prints_the_long_share_trade(tmp_path, caps
 def test_a_missing_trace_is_said_in_one_line(tmp_path, capsys):
     assert bursty.main(["--trace", str(tmp_path / "absent.csv")]) == 2
     assert "absent.csv is missing" in capsys.readouterr().err
+
+
+def test_the_live_shipped_config_is_the_shipped_channels_and_routing_on_the_simulated_device(tmp_path):
+    from benchmarks.shippedlive import CHANNEL_KEYS, SHIPPED, shipped_body
+    from dynbatchd import config
+
+    path = tmp_path / "dynbatchd.toml"
+    path.write_text(shipped_body(bursty.DEVICE)("ipc:///tmp/x/req.sock", "ipc:///tmp/x/ctl.sock"))
+    live, shipped = config.load(str(path)), config.load(str(SHIPPED))
+    assert list(live.channels) == list(shipped.channels)
+    for name, channel in shipped.channels.items():
+        assert {k: getattr(live.channels[name], k) for k in CHANNEL_KEYS} == \
+            {k: getattr(channel, k) for k in CHANNEL_KEYS}
+    assert config.table_of(live, "routing") == config.table_of(shipped, "routing")
+    assert live.models["sim"].runner == "simulated" and list(live.models) == ["sim"]
+
+
+def test_it_replays_the_shipped_channels_through_the_live_daemon(tmp_path, capsys):
+    trace = tmp_path / "code.csv"
+    write_trace(trace, rows=60)   # 6 bursts over 3 minutes: 4.5 s at x40
+    assert bursty.main(["--trace", str(trace), "--speedups", "40", "--live-shipped", "40"]) == 0
+    out = capsys.readouterr().out.split("The shipped channels through the live daemon")[1]
+    rows = {line.split("|")[2].strip(): line.split("|") for line in out.splitlines() if line.startswith("| x40 |")}
+    assert set(rows) <= {"realtime", "standard", "bulk"} and "standard" in rows
+    assert sum(int(cells[3]) for cells in rows.values()) == 60
+    assert all(cells[4].strip().endswith("%") and cells[5].strip().endswith("%") for cells in rows.values())
