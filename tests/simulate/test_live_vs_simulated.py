@@ -109,6 +109,11 @@ ON_TIME_TOLERANCE = 0.01
 # other sessions' benchmarks and busy loops on the machine too; REPLAYS disturbed runs in a row
 # fail the test (that machine cannot tell a right simulator from a wrong one).
 MAX_MEAN_SEND_LAG_MS = 0.5
+# Other processes busy alongside disturb the daemon's timers without the sender lagging: 2026-12-07,
+# standard's live mean batch read 2.41-2.46 (x1.22-1.25) in 20-odd runs with other load 0.00 cores,
+# and 2.76 / 3.10 / 3.26 (x1.40-1.66) in the three with 0.20-0.33 cores (the suite's last daemons, other
+# sessions' work). Such a run is replayed too.
+MAX_OTHER_CORES = 0.1
 REPLAYS = 3
 REPLY_WAIT_S = 30.0          # bounded wait for the last replies (they come within ~0.2 s)
 
@@ -314,10 +319,11 @@ def test_live_daemon_and_simulator_agree_per_channel(tmp_path):
     plan = planned_arrivals()
     for attempt in range(1, REPLAYS + 1):
         cfg, live = run_live(tmp_path / str(attempt), plan)
-        if live.mean_lag_ms <= MAX_MEAN_SEND_LAG_MS:
+        if live.mean_lag_ms <= MAX_MEAN_SEND_LAG_MS and live.other_cores <= MAX_OTHER_CORES:
             break
         print(f"\nreplay {attempt} left requests {live.mean_lag_ms:.3f} ms late on average "
-              f"(> {MAX_MEAN_SEND_LAG_MS:g} ms): the machine was busy, this was not the trace")
+              f"(at most {MAX_MEAN_SEND_LAG_MS:g} ms) with {live.other_cores:.2f} cores of other load "
+              f"(at most {MAX_OTHER_CORES:g}): the machine was busy, this was not the trace")
     sim = run_simulated(cfg, plan)
     rows = figures(live, sim)
     print("\n" + table(rows, sim, live))
