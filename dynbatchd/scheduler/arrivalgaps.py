@@ -28,9 +28,14 @@ class ArrivalGaps:
         self._gaps: deque[int] = deque(maxlen=self.MEMORY)
         self.last_ns: int | None = None
 
+    ONE_INSTANT_NS = 2_000_000   # arrivals closer than this came together (one step, sent back to back)
+
     def arrived(self, now_ns: int) -> None:
-        """Count an arrival at `now_ns` (several at one instant are one)."""
-        if self.last_ns is not None and now_ns > self.last_ns:
+        """Count an arrival at `now_ns`. Arrivals closer than ONE_INSTANT_NS to the last are one
+        instant with it: a step's requests reach the daemon spread over a millisecond or so, and
+        those gaps read as "the next one comes at once". (Those of a step that come while a batch
+        above runs are held by `Scheduler._waiting_above`.)"""
+        if self.last_ns is not None and now_ns - self.last_ns >= self.ONE_INSTANT_NS:
             self._gaps.append(now_ns - self.last_ns)
         if self.last_ns is None or now_ns > self.last_ns:
             self.last_ns = now_ns

@@ -35,6 +35,16 @@ def test_arrivals_at_one_instant_are_one_and_a_step_apart_is_one_gap():
     assert sorted(gaps._gaps) == [STEP] * 3
 
 
+def test_a_step_spread_over_a_millisecond_is_one_instant_and_the_gap_runs_from_its_last():
+    """Live, a step's requests reach the daemon a fraction of a millisecond apart: those gaps read
+    as "the next request comes at once", and no later start looked safer than now."""
+    gaps = ArrivalGaps()
+    for k in range(3):
+        for spread in (0, 300_000, 700_000):   # 0.3 and 0.7 ms after the step's first
+            gaps.arrived(k * STEP + spread)
+    assert sorted(gaps._gaps) == [STEP - 700_000] * 2 and gaps.last_ns == 2 * STEP + 700_000
+
+
 def test_just_before_a_step_a_long_run_waits_until_just_past_it():
     gaps = stepped()
     last = gaps.last_ns
