@@ -164,12 +164,24 @@ def shipped_arrivals(rows: list[tuple[float, int]], speedup: float, urgent: floa
             for t, tokens in rows]
 
 
+SHIPPED = Path(__file__).resolve().parent.parent / "etc/dynbatchd.toml"
+
+
+def simulate_shipped(shipped, channels: dict, arrivals: list[Arrival], plugins: Plugins, device: DeviceModel = DEVICE,
+                     **kw):
+    """`channels` of the shipped config (`shipped`, loaded) replayed as the daemon runs them: its
+    devices' in-flight batches and queue lead, the plugins' windows and sizers (SIMULATED)."""
+    return simulate(channels, arrivals, device=device, inflight=shipped.devices.inflight,
+                    queue_lead_ms=shipped.devices.queue_lead_ms, window_policies=plugins.window_policies(),
+                    sizers=plugins.batch_sizers(), plugins=plugins, **kw)
+
+
 def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugins: Plugins) -> None:
     """The shipped three-channel config (etc/dynbatchd.toml) beside its one-channel equivalent (its
     standard channel alone), with no urgent traffic; then with every tenth request urgent."""
     from dynbatchd import config
 
-    shipped = config.load(str(Path(__file__).resolve().parent.parent / "etc/dynbatchd.toml"))
+    shipped = config.load(str(SHIPPED))
     alone = {"standard": shipped.channels["standard"]}
     print("\nThe shipped config (etc/dynbatchd.toml: realtime, standard, bulk) beside its standard channel alone")
     print("| speed-up | urgent | standard alone: on time | shipped: on time | difference (points) | "
@@ -178,9 +190,7 @@ def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugin
     for speedup in speedups:
         for urgent in (0.0, 0.1):
             arrivals = shipped_arrivals(rows, speedup, urgent)
-            run = dict(device=DEVICE, inflight=shipped.devices.inflight, queue_lead_ms=shipped.devices.queue_lead_ms,
-                       window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(), plugins=plugins)
-            three = simulate(shipped.channels, arrivals, routing=config.table_of(shipped, "routing"), **run)
+            three = simulate_shipped(shipped, shipped.channels, arrivals, plugins, routing=config.table_of(shipped, "routing"))
             by_channel = three.stats(by="channel")
             realtime, bulk = by_channel.get("realtime"), by_channel.get("bulk")
             rt = f"{realtime.on_time_fraction:.2%}" if realtime is not None and realtime.offered else "-"
@@ -188,7 +198,8 @@ def compare_shipped(rows: list[tuple[float, int]], speedups: list[float], plugin
             if urgent:
                 print(f"| x{speedup:g} | {urgent:.0%} | | {three.total().on_time_fraction:.2%} | | {rt} | {to_bulk} |")
                 continue
-            one = simulate(alone, [Arrival(a.at_ns, a.tokens, channel="standard") for a in arrivals], **run)
+            one = simulate_shipped(shipped, alone, [Arrival(a.at_ns, a.tokens, channel="standard") for a in arrivals],
+                                   plugins)
             a, b = one.total().on_time_fraction, three.total().on_time_fraction
             print(f"| x{speedup:g} | none | {a:.2%} | {b:.2%} | {100 * (b - a):+.2f} | {rt} | {to_bulk} |")
 

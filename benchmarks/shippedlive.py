@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import os
 import tempfile
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from dynbatchd import config
 from dynbatchd.plugins import Plugins
-from dynbatchd.simulate import DeviceModel, simulate
+from dynbatchd.simulate import DeviceModel
 
-from benchmarks.bursty import shipped_arrivals
+from benchmarks.bursty import SHIPPED, shipped_arrivals, simulate_shipped
 from benchmarks.harness import ipc_daemon, toml_value
 
-SHIPPED = Path(__file__).resolve().parent.parent / "etc/dynbatchd.toml"
 CHANNEL_KEYS = ("max_batch", "window_ms", "deadline_ms", "queue_limit", "priority", "min_share")
 URGENT = 0.1
 
@@ -59,9 +56,8 @@ def compare_live_shipped(rows: list[tuple[float, int]], speedups: list[float], p
     print("|---|---|---|---|---|---|---|")
     for speedup in speedups:
         arrivals = shipped_arrivals(rows, speedup, URGENT)
-        sim = simulate(shipped.channels, arrivals, routing=config.table_of(shipped, "routing"), device=device,
-                       inflight=shipped.devices.inflight, queue_lead_ms=shipped.devices.queue_lead_ms,
-                       window_policies=plugins.window_policies(), sizers=plugins.batch_sizers(), plugins=plugins)
+        sim = simulate_shipped(shipped, shipped.channels, arrivals, plugins, device,
+                               routing=config.table_of(shipped, "routing"))
         channel_of = sim.channel_of
         drain_s = 5.0 + max(deadline[name] for name in set(channel_of)) / 1000   # bulk may answer 30 s late
         offsets = np.array([a.at_ns / 1e9 for a in arrivals])
