@@ -54,7 +54,7 @@ class Admission:
             self.stats.accepted += 1
         self._arrivals = self.arrival_rate(now_ns) + 1 / self.ARRIVAL_TAU_NS
         self._arrivals_at = now_ns
-        self.arrival_gaps.arrived(now_ns)
+        self.arrival_gaps.arrived(now_ns, item.tokens)
         self.mean_tokens += 0.01 * (item.tokens - self.mean_tokens)
         if self.cost.tokens_matter:   # once tokens are known to cost nothing: no ledger, no plan to size
             base, per_item, per_token = self.cost.coefficients()
