@@ -71,9 +71,9 @@ class ArrivalGaps:
         chance at most `SAFER` of the low end of now's. Gaps within ONE_INSTANT_NS of each other
         are one usual gap (live, a step comes a fraction of a millisecond early or late), and
         "just past" it is past the longest of them. There, either the next request came before the
-        run starts, and the one after comes within `width_ns` as any gap is that short, or it
-        comes within the run's first `width_ns` (of the gaps longer than the quiet so far, the
-        share that end there): the chance is the larger of the two. Random (Poisson) arrivals
+        run starts, and the one after comes within `width_ns` (and an instant's spread) as any gap
+        is that short, or it comes within the run's first `width_ns` (of the gaps longer than the
+        quiet so far, the share that end there): the chance is the larger of the two. Random (Poisson) arrivals
         have no such moment: waiting for one gains nothing.
         None: the gaps cannot say (too few of them, or too few longer than the quiet so far)."""
         if width_ns <= 0 or latest_ns <= now_ns:

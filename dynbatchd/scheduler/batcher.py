@@ -328,7 +328,7 @@ class Scheduler:
                 # Exposed from now: one that arrives while it waits behind the device's batch cannot go first either.
                 exposed = busy_ns + run - waits
                 start = other.arrival_gaps.safer_start(now_ns, exposed, latest - busy_ns)
-                if start is None:   # its own gaps cannot say (it has been quiet longer than they go)
+                if start is None:   # its own gaps cannot say (too few, or it has been quiet longer than they go)
                     start = self.intake_steps.safer_start(now_ns, exposed, latest - busy_ns)
                 if start is not None:
                     until = max(until, start)
