@@ -299,17 +299,18 @@ class Scheduler:
         return best
 
     def _held_until(self, channel: Channel, lane: Lane, now_ns: int, busy_ns: int) -> int:
-        """When `lane`'s first request may start, where alone it runs longer than a busy channel
-        of higher priority can wait: a request arriving there early in its run would miss its
-        deadline behind it, and a device cannot be preempted. Now, unless that channel's arrivals
-        come in steps and a later start, within the request's slack, is surely less likely to
-        meet one (`ArrivalGaps.safer_start`). Where they come at random, no moment is safer.
-        What that channel can wait is read for what usually arrives there at once
-        (`ArrivalGaps.usual_instant`: a step brings several requests), and the run is exposed from
-        the moment it is handed to a busy device (one arriving while it waits there cannot go
-        first). Where that channel has been quiet longer than nearly all its gaps, they cannot say,
-        and the steps of all channels' arrivals (`intake_steps`) are asked instead: its requests,
-        when they come, come with the traffic's. (docs/benchmarks.md: each of these cost a
+        """When `lane`'s first request may start, where it runs longer than a busy channel of
+        higher priority can wait, alone or after what the device still runs: a request arriving
+        there early in its run would miss its deadline behind it, and a device cannot be
+        preempted. Now, unless that channel's arrivals come in steps and a later start, within
+        the request's slack, is surely less likely to meet one (`ArrivalGaps.safer_start`).
+        Where they come at random, no moment is safer. What that channel can wait is read for
+        what usually arrives there at once (`ArrivalGaps.usual_instant`: a step brings several
+        requests), and the run is exposed from the moment it is handed to a busy device (one
+        arriving while it waits there cannot go first). Where that channel has been quiet longer
+        than nearly all its gaps, they cannot say, and the steps of all channels' arrivals
+        (`intake_steps`) are asked instead: its requests, when they come, come with the
+        traffic's. (docs/benchmarks.md: each of these but the device's remaining run cost a
         realtime request in a live Mooncake replay at x12.)"""
         if lane.warmup or not lane.heap or not channel.cost.samples:
             return now_ns
@@ -323,7 +324,7 @@ class Scheduler:
                 count, tokens = 1, int(other.median_tokens.value)
             waits = int(other.settings.deadline_ms * 1_000_000) - other.end_slip_ns \
                 - other.cost.estimate_ns(count, tokens)   # what the requests it usually gets at once can wait
-            if run > waits:
+            if busy_ns + run > waits:
                 latest = lane.head_deadline() - run - channel.end_slip_ns - 2 * self._longest_batch_ns(channel, now_ns)
                 # Exposed from now: one that arrives while it waits behind the device's batch cannot go first either.
                 exposed = busy_ns + run - waits

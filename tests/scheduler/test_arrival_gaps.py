@@ -193,3 +193,14 @@ def test_a_quiet_realtime_channel_holds_nothing():
     s, last = scheduler_beside_stepped_realtime(121_000)
     later = last + 20_000 * MS   # realtime has had no request for 20 s (`Channel.quiet`)
     assert [b.channel for b in s.poll(later, free_slots=1).batches] == ["bulk"]
+
+
+def test_a_run_realtime_could_wait_for_alone_is_held_behind_a_long_one_on_the_device():
+    """A bulk run of 128 ms, which realtime could wait for alone, handed 35 ms before a step to a
+    device busy for 100 ms more: a request arriving at the step waits out both (228 ms) and
+    misses its 200 ms. It waits until just past the step to be handed over."""
+    s, last = scheduler_beside_stepped_realtime(60_000)
+    now = last + 340 * MS
+    assert s.poll(now, free_slots=1, device_busy_ns=100 * MS).batches == []
+    assert s.next_wakeup(now, free_slots=1, device_busy_ns=100 * MS) == last + STEP + 1
+    assert [b.channel for b in s.poll(now, free_slots=1, device_busy_ns=20 * MS).batches] == ["bulk"]
