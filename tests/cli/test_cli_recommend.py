@@ -41,7 +41,7 @@ def fake_daemon(monkeypatch, status: dict, max_batch: int, window_ms: float) -> 
 def test_an_overloaded_small_batch_setting_gets_a_larger_batch(monkeypatch):
     # 600 req/s into batches of 4 on a device that takes 8 ms + 0.5 ms per request: at most 400/s.
     tuned = fake_daemon(monkeypatch, observed(600.0, 50.0), max_batch=4, window_ms=10.0)
-    result = CliRunner().invoke(app, ["recommend", "--json", "--duration", "5"])
+    result = CliRunner().invoke(app, ["recommend", "--json", "--duration", "2"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     std = plan["channels"]["standard"]
@@ -53,7 +53,7 @@ def test_an_overloaded_small_batch_setting_gets_a_larger_batch(monkeypatch):
 
 def test_apply_tunes_the_daemon(monkeypatch):
     tuned = fake_daemon(monkeypatch, observed(600.0, 50.0), max_batch=4, window_ms=10.0)
-    result = CliRunner().invoke(app, ["recommend", "--json", "--duration", "5", "--apply"])
+    result = CliRunner().invoke(app, ["recommend", "--json", "--duration", "2", "--apply"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output)
     [std] = [t for t in tuned if t["channel"] == "standard"]

@@ -62,11 +62,11 @@ def test_recommend_fits(monkeypatch):
     from test_cli_recommend import fake_daemon, observed
 
     fake_daemon(monkeypatch, observed(600.0, 50.0), max_batch=4, window_ms=10.0)
-    text = invoke("recommend", "--duration", "3")
+    text = invoke("recommend", "--duration", "1")
     assert_fits(text)
     for header in ("channel", "now", "recommended", "then on time"):
         assert header in text
-    wide = invoke("recommend", "--duration", "3", "--wide")
+    wide = invoke("recommend", "--duration", "1", "--wide")
     assert "then p99 ms" in wide and "hidden" not in wide
 
 
@@ -81,7 +81,7 @@ def test_tune_auto_table_fits(monkeypatch, tmp_path):
     config.write_text(SHIPPED.read_text().replace("\n[daemon]\n", f'\n[daemon]\nstate_dir = "{tmp_path}"\n', 1))
     monkeypatch.setattr(ctl, "control_call", FakeDaemon())
     args = ["--control", "ipc:///nowhere", "--config", str(config), "tune", "--auto", "standard", "--trials", "8",
-            "--duration", "3", "--canary-seconds", "3", "--window", "0", "--canary", "replay"]
+            "--duration", "1", "--canary-seconds", "1", "--window", "0", "--canary", "replay"]
     result = runner.invoke(ctl.app, args, env={"COLUMNS": "80"})
     assert result.exit_code == 0, result.output
     assert_fits(result.stdout)
