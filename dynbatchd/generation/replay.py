@@ -5,7 +5,7 @@ and, when idle, sleeps until the next arrival. The CPU benchmark runs it on the 
 real runner; the tests run it on a counter clock, so the same code is what both measure. A job's
 TTFT counts from its arrival, not from when the loop took it (a long step delays the take). Given
 channels' ``queue_limit``s, a job is refused overloaded on arrival as the daemon refuses it before
-handing it over (`dynbatchd.generation.simulation.InFlight`).
+handing it over (`dynbatchd.generation.batching.InFlight`).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """When the next request of a channel is likely to come: the gaps between its arrivals, lately.
 
-A device cannot be preempted. A lower channel's request that alone runs longer than a realtime
-request can wait makes every realtime request arriving early in its run late, whenever it starts;
-what the scheduler can choose is when. Where arrivals come at random (Poisson) every moment is as
+A device cannot be preempted. A lower channel's request that runs longer than a realtime request
+can wait (alone, or after what the device still runs) makes every realtime request arriving early
+in its run late, whenever it starts; what the scheduler can choose is when. Where arrivals come at random (Poisson) every moment is as
 risky as any other and waiting gains nothing. Where they come in steps (a client's periodic
 flush, a trace whose requests arrive every 3 s in groups), the moments just before a step are
 risky and those just after it are safe. `ArrivalGaps` keeps the recent gaps between a channel's
@@ -73,8 +73,8 @@ class ArrivalGaps:
         "just past" it is past the longest of them. There, either the next request came before the
         run starts, and the one after comes within `width_ns` (and an instant's spread) as any gap
         is that short, or it comes within the run's first `width_ns` (of the gaps longer than the
-        quiet so far, the share that end there): the chance is the larger of the two. Random (Poisson) arrivals
-        have no such moment: waiting for one gains nothing.
+        quiet so far, the share that end there): the chance is the larger of the two. Random
+        (Poisson) arrivals have no such moment: waiting for one gains nothing.
         None: the gaps cannot say (too few of them, or too few longer than the quiet so far)."""
         if width_ns <= 0 or latest_ns <= now_ns:
             return now_ns
