@@ -53,22 +53,15 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: Curv
         if curve is not None and curve.apply(sock, endpoint):
             monitor = sock.get_monitor_socket(_HANDSHAKE_FAILED)
         _connect(sock, endpoint)
-        sock.send(request)
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        if monitor is not None:
-            poller.register(monitor, zmq.POLLIN)
         deadline = time.monotonic() + (math.inf if limit is None else limit)
-        while True:
-            ready = dict(poller.poll(_poll_ms(deadline)))
-            if sock in ready:
+        while True:   # (Again after POLLOUT: the connection went between the two; wait again)
+            _await(sock, zmq.POLLOUT, monitor, deadline, endpoint, timeout_s)
+            try:
+                sock.send(request, zmq.NOBLOCK)
                 break
-            why = _handshake_refusal(monitor) if monitor is not None and monitor in ready else None
-            if why:
-                raise DynbatchdError(f"{endpoint}: {why}", "refused")
-            if not ready or time.monotonic() >= deadline:
-                raise DynbatchdError(f"no answer from the daemon's control socket {endpoint} within {timeout_s:g} s "
-                                     "(is dynbatchd running?)", "unreachable")
+            except zmq.Again:
+                continue
+        _await(sock, zmq.POLLIN, monitor, deadline, endpoint, timeout_s)
         try:
             reply = msgspec.msgpack.decode(sock.recv())
         except msgspec.DecodeError as exc:
@@ -85,6 +78,29 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: Curv
     if "result" not in reply:
         raise DynbatchdError(f"unreadable answer from {endpoint}: ok without a result", "control")
     return reply["result"]
+
+
+def _await(sock: zmq.Socket, event: int, monitor: zmq.Socket | None, deadline: float, endpoint: str,
+           timeout_s: float) -> None:
+    """Wait until `sock` is ready for `event` (POLLOUT to send, POLLIN to receive): DynbatchdError
+    ``refused`` as soon as `monitor` sees the CURVE handshake refused, ``unreachable`` at `deadline`.
+    The send waits too: a DEALER whose one connection was refused in the handshake has no peer
+    left, and a plain send then blocks for good (dynbatchctl with a revoked key hung past its
+    timeout)."""
+    poller = zmq.Poller()
+    poller.register(sock, event)
+    if monitor is not None:
+        poller.register(monitor, zmq.POLLIN)
+    while True:
+        ready = dict(poller.poll(_poll_ms(deadline)))
+        if ready.get(sock, 0) & event:
+            return
+        why = _handshake_refusal(monitor) if monitor is not None and monitor in ready else None
+        if why:
+            raise DynbatchdError(f"{endpoint}: {why}", "refused")
+        if not ready or time.monotonic() >= deadline:
+            raise DynbatchdError(f"no answer from the daemon's control socket {endpoint} within {timeout_s:g} s "
+                                 "(is dynbatchd running?)", "unreachable")
 
 
 def _connect(sock: zmq.Socket, endpoint: str) -> None:

@@ -26,6 +26,7 @@ from dynbatchd import config as cfgmod, protocol as P
 from dynbatchd.client import AsyncClient, Client, CurveKeys, DynbatchdError, Timeout, control_call
 from dynbatchd.control.server import ControlServer
 from dynbatchd.transport import CurveServer, FrontEnd
+from helpers import wait_until
 
 TESTS = Path(__file__).resolve().parents[1]
 REPO = TESTS.parent
@@ -274,3 +275,55 @@ def test_a_malformed_key_file_beside_good_ones_is_skipped_and_the_others_still_a
         assert "evil.key" in caplog.text and "key skipped" in caplog.text
     finally:
         ctx.term()
+
+
+def test_a_control_call_whose_handshake_is_refused_before_it_sends_ends_in_its_timeout(keys, monkeypatch):
+    """A DEALER whose one connection the daemon refused in the CURVE handshake has no peer left, and
+    a plain send then blocks for good: dynbatchctl with a revoked key hung past its timeout (a full
+    run of this file stopped in `control_call`'s send). Here the refusal comes before the send, as
+    the race had it: the command must end, refused or unreachable, within its timeout."""
+    import threading
+
+    from dynbatchd import controlcall
+
+    control = f"tcp://127.0.0.1:{free_port()}"
+    ctx = zmq.Context()
+    loop = asyncio.new_event_loop()
+    serving = threading.Thread(target=loop.run_forever, daemon=True)
+    serving.start()
+
+    async def serve() -> ControlServer:   # (its CURVE monitors start on the running loop)
+        started = ControlServer(ctx, control, FakeDaemon(), curve=CurveServer(ctx, keys.server_secret, keys.dir / "clients"))
+        started.io.start(asyncio.get_running_loop())
+        return started
+
+    server = asyncio.run_coroutine_threadsafe(serve(), loop).result(10)
+    connect = controlcall._connect
+
+    def connect_then_lose_the_peer(sock, endpoint):   # the handshake refused before the send
+        connect(sock, endpoint)
+        wait_until(lambda: not sock.poll(0, zmq.POLLOUT), 10, message="the refused connection kept its pipe")
+
+    monkeypatch.setattr(controlcall, "_connect", connect_then_lose_the_peer)
+    outcome: list[str] = []
+
+    def call() -> None:
+        try:
+            control_call(control, "ping", timeout_s=1.0, curve=keys.stranger)
+            outcome.append("answered")
+        except DynbatchdError as exc:
+            outcome.append(exc.code)
+
+    caller = threading.Thread(target=call, daemon=True)
+    caller.start()
+    caller.join(10)
+    try:
+        assert not caller.is_alive(), "control_call blocked in its send past its timeout"
+        assert outcome and outcome[0] in ("refused", "unreachable")
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        serving.join(5)
+        server.io.stop()
+        server.io.sock.close(0)
+        if not caller.is_alive():
+            ctx.destroy(0)
