@@ -55,13 +55,13 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: Curv
         _connect(sock, endpoint)
         deadline = time.monotonic() + (math.inf if limit is None else limit)
         while True:   # (Again after POLLOUT: the connection went between the two; wait again)
-            _await(sock, zmq.POLLOUT, monitor, deadline, endpoint, timeout_s)
+            _wait_ready(sock, zmq.POLLOUT, monitor, deadline, endpoint, timeout_s)
             try:
                 sock.send(request, zmq.NOBLOCK)
                 break
             except zmq.Again:
                 continue
-        _await(sock, zmq.POLLIN, monitor, deadline, endpoint, timeout_s)
+        _wait_ready(sock, zmq.POLLIN, monitor, deadline, endpoint, timeout_s)
         try:
             reply = msgspec.msgpack.decode(sock.recv())
         except msgspec.DecodeError as exc:
@@ -80,8 +80,8 @@ def control_call(endpoint: str, cmd: str, timeout_s: float = 5.0, *, curve: Curv
     return reply["result"]
 
 
-def _await(sock: zmq.Socket, event: int, monitor: zmq.Socket | None, deadline: float, endpoint: str,
-           timeout_s: float) -> None:
+def _wait_ready(sock: zmq.Socket, event: int, monitor: zmq.Socket | None, deadline: float, endpoint: str,
+                timeout_s: float) -> None:
     """Wait until `sock` is ready for `event` (POLLOUT to send, POLLIN to receive): DynbatchdError
     ``refused`` as soon as `monitor` sees the CURVE handshake refused, ``unreachable`` at `deadline`.
     The send waits too: a DEALER whose one connection was refused in the handshake has no peer

@@ -2,8 +2,8 @@
 
 A device cannot be preempted. A lower channel's request that runs longer than a realtime request
 can wait (alone, or after what the device still runs) makes every realtime request arriving early
-in its run late, whenever it starts; what the scheduler can choose is when. Where arrivals come at random (Poisson) every moment is as
-risky as any other and waiting gains nothing. Where they come in steps (a client's periodic
+in its run late, whenever it starts; what the scheduler can choose is when. Where arrivals come at
+random (Poisson) every moment is as risky as any other and waiting gains nothing. Where they come in steps (a client's periodic
 flush, a trace whose requests arrive every 3 s in groups), the moments just before a step are
 risky and those just after it are safe. `ArrivalGaps` keeps the recent gaps between a channel's
 arrival instants and says the earliest start, within a request's slack, at which a request is
