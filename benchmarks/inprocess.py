@@ -20,10 +20,12 @@ both the current engine and the one before the feeders (5a432a6).
 from __future__ import annotations
 
 import argparse
+import atexit
 import gc
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -83,6 +85,7 @@ def build():
     from dynbatchd.transport import FrontEnd
 
     tmp = tempfile.mkdtemp(prefix="dynbatchd-inprocess-")
+    atexit.register(shutil.rmtree, tmp, True)   # the config and the daemon's state files
     path = Path(tmp) / "dynbatchd.toml"
     path.write_text(config_text(tmp, {"noop": {"runner": "noop"}}, NOOP_CHANNEL))
     config, plugins = load_checked(path)

@@ -19,7 +19,6 @@ import logging
 import os
 import shutil
 import signal
-import tempfile
 import time
 from typing import Any, Callable
 
@@ -38,6 +37,7 @@ from dynbatchd.devices.pool import DevicePool, device_names, pool_class
 from dynbatchd.doors import LocalEnvelope
 from dynbatchd.engine import OK, Answer, Engine, Job
 from dynbatchd.generating import Generations
+from dynbatchd.ipcfiles import WorkerSocketDir
 from dynbatchd.engine.intake import Intake, Refusal, RequestMeta
 from dynbatchd.memory import device_limits
 from dynbatchd.membership import Membership
@@ -114,7 +114,7 @@ class Daemon:
         ctx = zmq.Context.instance()
         metrics = await bind(self, ctx)   # every address before any model loads: a clash fails in a second
         self.intake.curve = self.front.curve
-        ipc_dir = tempfile.mkdtemp(prefix="dynbatchd-")
+        sockets = WorkerSocketDir()   # the worker sockets' private directory
         ops = self.operations
         for sig, handler in ((signal.SIGTERM, ops.request_stop), (signal.SIGINT, ops.request_stop),
                              (signal.SIGHUP, ops.reload_from_signal)):
@@ -124,7 +124,7 @@ class Daemon:
         models = list(self.membership.model_specs.values())
         make_pool = pool_class(self.config.devices)   # local worker processes, or Ray actors
         self.pool = make_pool(ctx, self.devices, models, cpu_threads=self.config.devices.cpu_threads,
-                              ipc_dir=ipc_dir, restart_limit=self.config.devices.restart_limit,
+                              ipc_dir=sockets.path, restart_limit=self.config.devices.restart_limit,
                               probe_after_s=self.config.devices.probe_after_s,
                               on_result=self._on_result, on_lost=self._on_lost, on_ready=self._on_ready,
                               on_gone=self._on_gone, on_read_done=self._pump_if_scheduled,
@@ -149,7 +149,7 @@ class Daemon:
             code = self.exit_code
         if metrics is not None:
             metrics.close()
-        await self._close(ipc_dir)
+        await self._close(sockets)
         if watchdog is not None:
             watchdog.cancel()
         # The last replies (shutting_down to what arrived at the end) are still in ZeroMQ's I/O
@@ -173,7 +173,7 @@ class Daemon:
         self.generation.stop()   # generations the drain left unfinished: answered shutting_down
         self.cache_ops.save_top_users()
 
-    async def _close(self, ipc_dir: str) -> None:
+    async def _close(self, sockets: WorkerSocketDir) -> None:
         for door in self.doors:   # after the drain: every request they brought in was answered
             await door.stop()
         if self.pool:
@@ -184,7 +184,7 @@ class Daemon:
         for part in (self.front, self.control):
             if part is not None:
                 part.close(linger=2000)   # the replies still go out; an ipc:// socket's file goes
-        shutil.rmtree(ipc_dir, ignore_errors=True)
+        sockets.remove()
 
     # -- admission ----------------------------------------------------------
     def on_request(self, envelope: list[bytes], request: P.Request, frames: list[bytes]) -> None:
