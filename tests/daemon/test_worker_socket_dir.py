@@ -3,11 +3,14 @@ start removes it, and a running daemon's directory is never touched (dynbatchd.i
 
 from __future__ import annotations
 
+import glob
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 
+from conftest import SIMULATED, start_daemon
 from dynbatchd.ipcfiles import WorkerSocketDir
 
 HOLDER = ("import sys; from dynbatchd.ipcfiles import WorkerSocketDir; d = WorkerSocketDir(sys.argv[1]); "
@@ -48,3 +51,25 @@ def test_a_killed_daemons_directory_goes_at_the_next_start_and_a_running_ones_st
         running.wait()
     WorkerSocketDir(str(tmp_path)).remove()   # its holder has exited: now it is stale too
     assert not os.path.exists(running_dir)
+
+
+def workers_dir_of(pid: int) -> list[str]:
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"{WorkerSocketDir.PREFIX}{pid}-*"))
+
+
+def test_a_daemon_starting_removes_the_directory_a_killed_daemon_left_and_its_own_at_a_clean_stop(tmp_path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    killed = start_daemon(tmp_path / "a", SIMULATED)
+    left = workers_dir_of(killed.proc.pid)
+    assert len(left) == 1
+    killed.proc.kill()
+    killed.proc.wait(30)
+    assert os.path.isdir(left[0])
+    second = start_daemon(tmp_path / "b", SIMULATED)
+    try:
+        assert not os.path.exists(left[0])
+        assert len(workers_dir_of(second.proc.pid)) == 1
+    finally:
+        code = second.stop()
+    assert code == 0 and workers_dir_of(second.proc.pid) == []
