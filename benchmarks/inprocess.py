@@ -100,7 +100,7 @@ def build():
     front = FrontEnd.__new__(FrontEnd)   # its handlers, not its socket
     front.unauthenticated = front.dropped = front.bad_requests = 0
     front.curve, front.max_request_bytes, front.peer = False, 1 << 20, None
-    front.handler, front.io = daemon.on_request, _Sink()
+    front.handler, front.io, front.clock = daemon.on_request, _Sink(), clock
     daemon.front = front
     if hasattr(daemon, "intake"):
         daemon.intake.curve = False

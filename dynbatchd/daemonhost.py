@@ -7,7 +7,7 @@ They name this shape instead, which the `Daemon` has, so the imports run one way
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from dynbatchd import protocol as P
 
@@ -25,5 +25,6 @@ class DaemonHost(Protocol):
     front: Any        # dynbatchd.transport.FrontEnd | None
     doors: list[Any]  # started front-door plugins
     operations: Any   # dynbatchd.operations.Operations: its metrics_page serves /metrics
+    clock: Callable[[], int]   # the engine's clock (ns): the front end stamps each drain it reads with it
 
     def on_request(self, envelope: list[bytes], request: P.Request, frames: list[bytes]) -> None: ...

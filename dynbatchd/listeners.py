@@ -54,7 +54,8 @@ async def bind(daemon: DaemonHost, ctx: zmq.Context) -> Any:
         where = settings.control
         daemon.control = ControlServer(ctx, settings.control, daemon, curve=curve)
         where = settings.listen
-        daemon.front = FrontEnd(ctx, settings.listen, settings.max_request_bytes, daemon.on_request, curve=curve)
+        daemon.front = FrontEnd(ctx, settings.listen, settings.max_request_bytes, daemon.on_request, curve=curve,
+                                clock=daemon.clock)
         where = f"metrics {settings.metrics_listen}"
         metrics = (await serve_metrics(settings.metrics_listen, daemon.operations.metrics_page)
                    if settings.metrics_listen else None)

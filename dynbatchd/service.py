@@ -216,9 +216,9 @@ class Daemon:
             return
         job, channel = admitted, admitted.channel
         if self.generation.generative(job.model):
-            self.generation.start(job, job.payload, self.clock())
+            self.generation.start(job, job.payload, self.clock() if door else front.read_ns)
             return
-        answer = self.engine.submit(job, self.clock())
+        answer = self.engine.submit(job, self.clock() if door else front.read_ns)   # (arrived when its drain was read)
         if self.engine.outbox:   # an audit decision (rare), now that submit has returned
             self.operations.carry_out(self.engine.take_events())
         if answer is not None:
