@@ -104,6 +104,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
         self._wakeup: int | None = None
         self._rotated_ns = now_ns
         self._inflight = self._inflight_ns   # (bound once: the scheduler may ask it per request)
+        self._inflight_memo: tuple[int, int] | None = None   # (clock reading, `_inflight_ns` then)
     def submit(self, job: Job, now_ns: int) -> Answer | None:
         """Queue `job` (None), or answer it at once: cached, quarantined, overloaded, no device."""
         channel = self.channels[job.channel]
@@ -246,6 +247,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
         entry = dev.held.pop(batch_id, None)
         dev.stats.inflight = len(dev.held)
         dev.exclusive = False
+        self._devices_changed()
         if entry is None:
             return []   # already answered: lost, stopped, or a stray message
         feeder = dev.feeder_of.pop(batch_id)
@@ -342,6 +344,7 @@ class Engine(Placement, Canaries, Recovery, Reloads, Warmup, ReadModel):
             dev.held.clear()
             dev.feeder_of.clear()
             dev.stats.inflight = 0
+        self._devices_changed()
         return answers
     def _fail(self, job: Job, code: str, message: str, now_ns: int, out: list[Answer]) -> None:
         if job.warmup:   # nobody waits for it

@@ -24,12 +24,22 @@ class Placement:
     def _inflight_ns(self, now_ns: int) -> int:
         """Device time the usable devices still have to run of the batches they hold (estimated):
         a request queued now waits for it before anything queued. Asked only when the scheduler
-        predicts a wait (a backlog on busy devices)."""
+        predicts a wait (a backlog on busy devices), so per request past the peak; worked out once
+        per clock reading (the daemon's drain of requests shares one) until a device's batches
+        change (`_devices_changed`)."""
+        memo = self._inflight_memo
+        if memo is not None and memo[0] == now_ns:
+            return memo[1]
         total = 0
         for i, d in enumerate(self.devices):
             if d.usable and d.held:
                 total += max(0, estimated_free_at(d.held.values(), lambda b, i=i: self._estimate(b, i)) - now_ns)
+        self._inflight_memo = (now_ns, total)
         return total
+
+    def _devices_changed(self) -> None:
+        """A batch was placed, ended or taken back, or a device came or went: `_inflight_ns` anew."""
+        self._inflight_memo = None
 
     def _views(self) -> list[DeviceView]:
         views = []
@@ -59,6 +69,7 @@ class Placement:
         device = self.devices[index]
         device.feeder_of[batch.id] = device.least_loaded()
         device.held[batch.id] = (batch, now_ns)
+        self._devices_changed()
         device.exclusive = exclusive
         device.stats.inflight = len(device.held)
         views[index] = DeviceView(view.held + 1, end, view.usable and not exclusive, view.feeders, view.lead_ns)

@@ -18,6 +18,7 @@ class Recovery:
     def device_up(self, device: int, feeder: int = 0) -> None:
         """A feeder of `device` came up (started, restarted, or a probe of a given-up device)."""
         d = self.devices[device]
+        self._devices_changed()
         d.up[feeder] = True
         d.usable, d.gone = True, False
         d.exclusive = d.exclusive and bool(d.held)   # another feeder may still run a retried request alone
@@ -26,6 +27,7 @@ class Recovery:
         """A device is given up (no feeder of it is left); with none left, everything queued is
         answered unavailable."""
         d = self.devices[device]
+        self._devices_changed()
         d.usable, d.gone, d.up = False, True, [False] * len(d.up)
         if not all(d.gone for d in self.devices):
             return []
@@ -54,6 +56,7 @@ class Recovery:
         batch while one runs, so that one is a suspect too. The device's other feeders keep what
         they hold and keep serving."""
         dev = self.devices[device]
+        self._devices_changed()
         ids = dev.feeder_batches(feeder)   # in the order sent: the first was running
         held = [dev.held.pop(bid)[0] for bid in ids]
         for bid in ids:
@@ -98,6 +101,7 @@ class Recovery:
         model_error. Either way its device slot is free at once: nothing waits for a batch that
         was never sent."""
         dev = self.devices[device]
+        self._devices_changed()
         entry = dev.held.pop(batch_id, None)
         dev.feeder_of.pop(batch_id, None)
         dev.stats.inflight = len(dev.held)
@@ -123,6 +127,7 @@ class Recovery:
         """A dispatched batch could not be sent (its feeder vanished): it waits for another feeder
         or device, and that feeder takes nothing more until it is up again (lost() follows)."""
         dev = self.devices[device]
+        self._devices_changed()
         entry = dev.held.pop(batch_id, None)
         dev.stats.inflight = len(dev.held)
         if entry is not None:

@@ -532,3 +532,28 @@ def test_the_slot_behind_a_running_batch_opens_as_early_as_the_daemons_passes_ta
     e.submit(job(0), 0)
     e.step(0)
     assert e.lead_ns == MS and e.snapshot(0)["scheduling"]["passes"] == 0
+
+
+def test_what_the_devices_hold_is_worked_out_once_per_clock_reading_until_a_batch_ends():
+    """Past the peak every request's wait is predicted, and with it the device time the devices
+    still hold. The daemon's drain of requests shares one clock reading: that figure is worked out
+    once for all of them, and anew as soon as a batch is placed, ends or is lost."""
+    e = engine(inflight=1, max_batch=2)
+    for _ in range(30):   # batches of 2 take 10 ms: settled, so the channel predicts waits
+        e.channels["c"].cost.observe(2, 2, 10 * MS)
+    clients = Clients()
+    for n in range(2):
+        assert e.submit(job(f"r{n}"), 0) is None
+    (running,), _ = e.step(0)   # the device holds one batch of 2, due to end at 10 ms
+    estimates = []
+    plain = e._estimate
+    e._estimate = lambda batch, device=None: estimates.append(batch.id) or plain(batch, device)
+    for n in range(2, 6):   # a backlog of a batch or more: each of these has its wait predicted
+        assert e.submit(job(f"r{n}"), 1 * MS) is None
+    assert e._inflight_ns(1 * MS) == pytest.approx(9 * MS, abs=10)
+    assert estimates == [running.batch.id]   # once, for the four requests read at 1 ms
+    clients.take(e.completed(running.device, running.batch.id, ok_outcome(running.batch), 1 * MS))
+    assert e._inflight_ns(1 * MS) == 0        # the same reading, but the batch has ended
+    assert e._inflight_ns(2 * MS) == 0
+    run_all(e, clients, 2 * MS)
+    assert set(clients.codes().values()) == {OK} and len(clients.answers) == 6
