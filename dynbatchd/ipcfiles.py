@@ -1,6 +1,6 @@
 """ipc:// socket files: `bind` keeps one to its owner and group and never takes over one a live
 daemon holds; `remove_ipc_file` takes it away when the socket closes (libzmq leaves it behind);
-`worker_socket_dir` makes the private directory of a daemon's worker sockets, and removes those
+`WorkerSocketDir` makes the private directory of a daemon's worker sockets, and removes those
 that daemons killed outright left behind.
 
 Split out of `dynbatchd.transport` because the front end and the control socket both bind.

@@ -17,7 +17,6 @@ import asyncio
 import functools
 import logging
 import os
-import shutil
 import signal
 import time
 from typing import Any, Callable
@@ -215,10 +214,11 @@ class Daemon:
                 self._reject(envelope, request, admitted.code, admitted.message)
             return
         job, channel = admitted, admitted.channel
+        now = self.clock() if door else front.read_ns   # a socket's request arrived when its drain was read
         if self.generation.generative(job.model):
-            self.generation.start(job, job.payload, self.clock() if door else front.read_ns)
+            self.generation.start(job, job.payload, now)
             return
-        answer = self.engine.submit(job, self.clock() if door else front.read_ns)   # (arrived when its drain was read)
+        answer = self.engine.submit(job, now)
         if self.engine.outbox:   # an audit decision (rare), now that submit has returned
             self.operations.carry_out(self.engine.take_events())
         if answer is not None:
